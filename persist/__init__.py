@@ -1,0 +1,70 @@
+"""persist: durable, versioned shards of timestamped updates on object storage.
+
+A shard is a collection of updates ``((key, val), ts, diff)``. Its metadata
+lives in a consensus log (one compare-and-set per change), its data in
+immutable Parquet parts in blob storage.
+
+>>> import pyarrow as pa
+>>> from persist import PersistClient, Schema, ShardId
+>>> client = PersistClient.open("mem://doc-persist")
+>>> schema = Schema(key=pa.schema([("user", pa.string())]), val=pa.schema([("score", pa.int64())]))
+>>> shard = ShardId.new()
+>>> writer = client.open_writer(shard, schema)
+>>> writer.compare_and_append([((("ann",), (10,)), 0, 1)], expected_upper=0, new_upper=1)
+>>> writer.compare_and_append([((("ann",), (10,)), 1, -1), ((("ann",), (12,)), 1, 1)], 1, 2)
+>>> reader = client.open_leased_reader(shard, schema)
+>>> reader.snapshot_and_fetch(0)
+[((('ann',), (10,)), 0, 1)]
+>>> reader.snapshot_and_fetch(1)
+[((('ann',), (12,)), 1, 1)]
+"""
+
+from persist.batch import Batch, BatchBuilder
+from persist.client import PersistClient
+from persist.config import PersistConfig
+from persist.errors import (
+    CorruptObject,
+    Determinate,
+    ExternalError,
+    Indeterminate,
+    InvalidUsage,
+    LeaseExpired,
+    PersistError,
+    ReadBelowSince,
+    ReadTimeout,
+    SchemaMismatch,
+    UpperMismatch,
+)
+from persist.read import DowngradeResult, Listen, Progress, ReadHandle, SinceHandle, SnapshotPlan, Updates
+from persist.schema import CLOSED, TS_MAX, Schema, ShardId
+from persist.write import WriteHandle
+
+__all__ = [
+    "Batch",
+    "BatchBuilder",
+    "CLOSED",
+    "CorruptObject",
+    "Determinate",
+    "DowngradeResult",
+    "ExternalError",
+    "Indeterminate",
+    "InvalidUsage",
+    "LeaseExpired",
+    "Listen",
+    "PersistClient",
+    "PersistConfig",
+    "PersistError",
+    "Progress",
+    "ReadBelowSince",
+    "ReadHandle",
+    "ReadTimeout",
+    "Schema",
+    "SchemaMismatch",
+    "ShardId",
+    "SinceHandle",
+    "SnapshotPlan",
+    "TS_MAX",
+    "Updates",
+    "UpperMismatch",
+    "WriteHandle",
+]

@@ -1,0 +1,153 @@
+"""PersistClient: the entry point. Opens a location by URL and hands out shard handles."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from persist.config import PersistConfig
+from persist.errors import InvalidUsage
+from persist.machine import Machine
+from persist.parts import part_written_ms
+from persist.read import ReadHandle, SinceHandle
+from persist.schema import Schema, ShardId
+from persist.state import CriticalReaderState, LeasedReaderState, ShardState
+from persist.url import Location, open_location
+from persist.write import WriteHandle
+
+
+class PersistClient:
+    """A connection to one location (``mem://``, ``file://`` or ``s3://``).
+
+    >>> import pyarrow as pa
+    >>> client = PersistClient.open("mem://doc-client")
+    >>> sid = ShardId.new()
+    >>> schema = Schema(key=pa.schema([("k", pa.int64())]), val=pa.schema([]))
+    >>> w = client.open_writer(sid, schema)
+    >>> w.compare_and_append([(((1,), ()), 3, 1)], 0, 5)
+    >>> client.open_leased_reader(sid, schema).snapshot_and_fetch(4)
+    [(((1,), ()), 4, 1)]
+    """
+
+    def __init__(self, location: Location, config: PersistConfig | None = None) -> None:
+        self.location = location
+        self.blob = location.blob
+        self.consensus = location.consensus
+        self.config = config or PersistConfig()
+        self._machines: dict[str, Machine] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def open(url: str, config: PersistConfig | None = None) -> PersistClient:
+        """A client for the store at ``url``. See :func:`persist.url.open_location`."""
+        return PersistClient(open_location(url), config)
+
+    @property
+    def url(self) -> str:
+        return self.location.url
+
+    def machine(self, shard_id: ShardId | str) -> Machine:
+        """The (shared, cached) state machine of a shard."""
+        sid = str(_shard_id(shard_id))
+        with self._lock:
+            if sid not in self._machines:
+                self._machines[sid] = Machine(self.consensus, sid, self.config)
+            return self._machines[sid]
+
+    def open_writer(self, shard_id: ShardId | str, schema: Schema) -> WriteHandle:
+        """A writer for ``shard_id``. Registers ``schema`` on first use; SchemaMismatch if it differs."""
+        _check_schema(schema)
+        m = self.machine(shard_id)
+        _check_against(m.state(), schema)
+        return WriteHandle(self.blob, m, schema, self.config)
+
+    def open_leased_reader(self, shard_id: ShardId | str, schema: Schema) -> ReadHandle:
+        """A reader holding the shard's since at its current value, with a lease."""
+        _check_schema(schema)
+        m = self.machine(shard_id)
+        reader_id = "r" + uuid.uuid4().hex
+        lease_ms = int(self.config.reader_lease_s * 1000)
+        text = schema.to_text()
+
+        def transition(s: ShardState) -> tuple[int, bool]:
+            s.register_schema(text, schema.describe())
+            s.leased[reader_id] = LeasedReaderState(s.since, self.config.clock_ms(), lease_ms)
+            return s.since, True
+
+        since = m.apply(transition)
+        return ReadHandle(self.blob, m, schema, self.config, reader_id, since)
+
+    def open_critical_since(self, shard_id: ShardId | str, reader_id: str, opaque: int) -> SinceHandle:
+        """The critical since handle ``reader_id``, registered (at the current since) if new.
+
+        An existing registration keeps its since and opaque; the handle reports them.
+        """
+        if not isinstance(reader_id, str) or not reader_id:
+            raise InvalidUsage(f"critical reader id must be a non-empty string, got {reader_id!r}")
+        if isinstance(opaque, bool) or not isinstance(opaque, int):
+            raise InvalidUsage(f"opaque must be an int, got {opaque!r}")
+        m = self.machine(shard_id)
+
+        def transition(s: ShardState) -> tuple[CriticalReaderState, bool]:
+            cur = s.critical.get(reader_id)
+            if cur is not None:
+                return cur, False
+            s.critical[reader_id] = CriticalReaderState(s.since, opaque)
+            return s.critical[reader_id], True
+
+        cur = m.apply(transition)
+        return SinceHandle(m, reader_id, cur.since, cur.opaque)
+
+    def inspect(self, shard_id: ShardId | str) -> dict:
+        """A summary of a shard's state, for tools (read fresh from storage)."""
+        s = self.machine(shard_id).fetch()
+        return {
+            "shard_id": s.shard_id,
+            "seqno": s.seqno,
+            "since": s.since,
+            "upper": s.upper,
+            "batches": len(s.batches),
+            "rows": sum(b.rows for b in s.batches),
+            "parts": len(s.part_keys()),
+            "bytes": sum(b.size for b in s.batches),
+            "writers": len(s.writers),
+            "leased_readers": len(s.leased),
+            "critical_readers": {k: {"since": v.since, "opaque": v.opaque} for k, v in s.critical.items()},
+            "garbage_parts": len(s.garbage),
+        }
+
+    def gc_leaked(self, shard_id: ShardId | str, older_than_s: float, keep: set[str] | None = None) -> int:
+        """Delete parts of the shard that no state references and that are older than ``older_than_s``.
+
+        Parts of batches written but not yet appended are unreferenced too:
+        pass their keys in ``keep`` (the txns layer passes every committed,
+        unapplied batch), and choose ``older_than_s`` longer than any write
+        takes. Returns how many parts were deleted.
+        """
+        sid = str(_shard_id(shard_id))
+        state = self.machine(sid).fetch()
+        live = state.part_keys() | {k for k, _ in state.garbage} | (keep or set())
+        horizon = self.config.clock_ms() - int(older_than_s * 1000)
+        deleted = 0
+        for key in list(self.blob.list_keys(f"{sid}/parts/")):
+            written = part_written_ms(key)
+            if key not in live and written is not None and written <= horizon:
+                self.blob.delete(key)
+                deleted += 1
+        return deleted
+
+
+def _shard_id(shard_id: ShardId | str) -> ShardId:
+    if isinstance(shard_id, ShardId):
+        return shard_id
+    return ShardId.parse(shard_id)
+
+
+def _check_schema(schema: Schema) -> None:
+    if not isinstance(schema, Schema):
+        raise InvalidUsage(f"expected a persist.Schema, got {type(schema).__name__}")
+
+
+def _check_against(state: ShardState, schema: Schema) -> None:
+    if state.schema is not None:
+        state.register_schema(schema.to_text(), schema.describe())

@@ -1,0 +1,60 @@
+"""Framing for every object persist writes: a format version and a CRC-32C.
+
+Layout of a framed object::
+
+    b"TXP1" | kind (1 byte) | format version (u16, big endian) | payload | crc32c (u32, big endian)
+
+The checksum covers everything before it. :func:`unframe` raises
+:class:`persist.errors.CorruptObject` naming the key on any mismatch, so
+nothing corrupt is ever decoded.
+
+Parquet data parts are the one exception to the framing (so that any Parquet
+reader, e.g. Spark's, can read them as they are): their CRC-32C is recorded in
+the part's descriptor inside the (framed) shard state and checked on every
+read, and their format version is in the Parquet key-value metadata.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import crcmod.predefined
+
+from persist.errors import CorruptObject
+
+MAGIC = b"TXP1"
+FORMAT_VERSION = 1
+
+KIND_STATE = 1
+KIND_BATCH = 2
+KIND_TXN = 3
+
+_HEADER = struct.Struct(">4sBH")
+_CRC = struct.Struct(">I")
+
+crc32c = crcmod.predefined.mkCrcFun("crc-32c")
+
+
+def frame(kind: int, payload: bytes) -> bytes:
+    """``payload`` framed with magic, kind, format version and checksum."""
+    body = _HEADER.pack(MAGIC, kind, FORMAT_VERSION) + payload
+    return body + _CRC.pack(crc32c(body))
+
+
+def unframe(key: str, data: bytes, kind: int) -> bytes:
+    """The payload of a framed object, after checking it. Raises CorruptObject."""
+    if len(data) < _HEADER.size + _CRC.size:
+        raise CorruptObject(key, f"object is {len(data)} bytes, too short to be framed")
+    body, (crc,) = data[: -_CRC.size], _CRC.unpack(data[-_CRC.size :])
+    if crc32c(body) != crc:
+        raise CorruptObject(key, "CRC-32C mismatch")
+    magic, got_kind, version = _HEADER.unpack(body[: _HEADER.size])
+    if magic != MAGIC:
+        raise CorruptObject(key, f"bad magic {magic!r}")
+    if got_kind != kind:
+        raise CorruptObject(key, f"expected object kind {kind}, found {got_kind}")
+    if version > FORMAT_VERSION:
+        raise CorruptObject(
+            key, f"format version {version} is newer than this library's {FORMAT_VERSION}; upgrade"
+        )
+    return body[_HEADER.size :]

@@ -1,0 +1,42 @@
+"""Every tunable of persist, in one place."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PersistConfig:
+    """Tunables. The defaults suit object storage; tests shrink them.
+
+    - ``part_target_bytes``: a batch builder flushes a Parquet part when its
+      buffered rows reach this many (Arrow) bytes. Memory for a write of any
+      size stays near ``part_target_bytes * (1 + upload_parallelism)``.
+    - ``inline_max_bytes``: batches whose encoded rows are smaller than this
+      live inline in the shard state, with no part at all.
+    - ``compaction_max_bytes``: in-process compaction merges at most this many
+      bytes of parts at once (bigger merges are for the Spark compaction job).
+    - ``consensus_retention_s``: consensus versions younger than this are never
+      truncated, and a handle re-reads the head before a compare-and-set whose
+      expectation is older than half of it (see design.md).
+    - ``part_grace_s``: parts replaced by compaction are deleted this long
+      after, so reads planned against an older state can finish.
+    - ``read_wait_s``: how long a read waits for the upper to pass its as_of.
+    - ``retry_deadline_s``: how long an operation retries storage failures.
+    """
+
+    part_target_bytes: int = 64 << 20
+    upload_parallelism: int = 4
+    inline_max_bytes: int = 4096
+    compaction_enabled: bool = True
+    compaction_max_bytes: int = 256 << 20
+    part_grace_s: float = 300.0
+    consensus_retention_s: float = 600.0
+    gc_every_versions: int = 32
+    reader_lease_s: float = 900.0
+    writer_lease_s: float = 3600.0
+    read_wait_s: float = 10.0
+    retry_deadline_s: float = 30.0
+    clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))

@@ -1,0 +1,129 @@
+"""The two storage interfaces everything in persist stands on.
+
+``Blob`` is a key-value store of immutable-ish objects; ``Consensus`` is a
+linearizable log of versions per key. Both store raw bytes: framing with a
+format version and a checksum is the layer above's job (:mod:`persist.codec`).
+
+Backends (one module each): :mod:`persist.mem` (in-process, for tests),
+:mod:`persist.file` (a local directory, the embedded default),
+:mod:`persist.s3` (S3 and S3-compatible stores). :mod:`persist.url` picks one
+from a URL.
+
+Failure model. A backend raises :class:`persist.errors.Determinate` when the
+operation definitely did not happen and :class:`persist.errors.Indeterminate`
+when it may have (timeouts, resets, 5xx). Unknown failures are indeterminate.
+A lost compare-and-set is a result (:data:`CaSResult.MISMATCH`), not an error.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VersionedData:
+    """One version of a consensus key: its sequence number and its bytes."""
+
+    seqno: int
+    data: bytes
+
+
+class CaSResult(enum.Enum):
+    """The outcome of :meth:`Consensus.compare_and_set`."""
+
+    COMMITTED = "committed"
+    MISMATCH = "mismatch"
+
+
+class Blob(ABC):
+    """A durable map from string keys to bytes.
+
+    Contract:
+    - ``set`` is atomic: a concurrent or later ``get`` sees either the whole
+      old value (or nothing) or the whole new one, never a mix.
+    - After ``set`` returns, ``get`` from any client returns the new value.
+    - ``delete`` of a missing key is not an error.
+    - ``list_keys(prefix)`` yields every key starting with ``prefix`` that
+      existed for the whole listing (keys written or deleted during it may or
+      may not appear). Order is unspecified.
+    Persist writes each data object once, under a unique key, and never
+    overwrites it, so readers never race a change of contents.
+    """
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The value at ``key``, or None if there is none."""
+
+    @abstractmethod
+    def set(self, key: str, value: bytes) -> None:
+        """Atomically store ``value`` at ``key``, replacing any old value."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every key that starts with ``prefix``."""
+
+    def close(self) -> None:
+        """Release resources. The default does nothing."""
+
+
+class Consensus(ABC):
+    """A linearizable log of versions per key.
+
+    Contract:
+    - Versions of a key have strictly increasing sequence numbers; the first
+      version of a key is seqno 1 and each later one is the previous plus one.
+    - ``compare_and_set(key, expected, data)`` writes version ``expected + 1``
+      (or 1 when ``expected`` is None) iff the key's latest version is
+      ``expected`` (None: the key has no versions). Exactly one of any set of
+      racing calls with the same ``expected`` commits. It returns
+      :data:`CaSResult.COMMITTED` or :data:`CaSResult.MISMATCH`.
+    - ``head`` returns the latest version; ``scan`` returns versions with
+      seqno >= ``from_seqno`` in increasing order, at most ``limit`` of them.
+    - ``truncate(key, seqno)`` deletes versions with seqno < ``seqno``; it
+      never deletes the latest version, and raises ``InvalidUsage`` if asked
+      to. It returns how many versions it deleted (an estimate is allowed).
+
+    SUBTLE: backends that implement compare-and-set as "create version
+    expected+1 if absent" (the file and S3 backends) cannot tell a missing
+    version that was truncated from one never written. A caller must therefore
+    never pass an ``expected`` that may be older than what a concurrent
+    ``truncate`` removes. Persist guarantees this with a time horizon: it
+    truncates only versions written longer ago than its retention period and
+    re-reads the head before any compare-and-set whose expectation is older
+    than half that period (see design.md, "Consensus truncation").
+    """
+
+    @abstractmethod
+    def head(self, key: str) -> VersionedData | None:
+        """The latest version of ``key``, or None if it has none."""
+
+    @abstractmethod
+    def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:
+        """Write version ``expected + 1`` iff the latest version is ``expected``."""
+
+    @abstractmethod
+    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
+        """Versions of ``key`` with seqno >= ``from_seqno``, oldest first."""
+
+    @abstractmethod
+    def truncate(self, key: str, seqno: int) -> int:
+        """Delete versions of ``key`` older than ``seqno``."""
+
+    def list_keys(self) -> Iterator[str]:
+        """Every key with at least one version (for tools). Optional."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources. The default does nothing."""
+
+
+def next_seqno(expected: int | None) -> int:
+    """The seqno a compare-and-set with ``expected`` writes."""
+    return 1 if expected is None else expected + 1

@@ -1,0 +1,163 @@
+"""Applies state transitions to a shard's consensus log, with caching and retries.
+
+Protocol. The shard's state lives in the consensus key ``<shard_id>``; each
+version is a whole :class:`ShardState`. To change it, a handle runs a pure
+transition on its cached state and compare-and-sets the result at
+``seqno + 1``. On a mismatch it re-reads the head and runs the transition
+again. A handle whose cache is current pays exactly one conditional write.
+
+Invariants kept here:
+
+- A compare-and-set never uses an expectation observed longer ago than
+  ``consensus_retention_s / 2``, and truncation only removes versions older
+  than the newest truncation mark that is itself older than
+  ``consensus_retention_s`` (so a create-if-absent CAS can never re-create a
+  truncated version; see :class:`persist.location.Consensus`).
+- After an indeterminate failure the transition is re-run against a freshly
+  read state; transitions recognise their own earlier success (writer
+  tokens, ids), so a write that happened but reported a timeout is neither
+  repeated nor lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from persist.config import PersistConfig
+from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch
+from persist.location import CaSResult, Consensus
+from persist.state import ShardState
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class NoChange:
+    """Returned (wrapped) by a transition that needs no write."""
+
+
+class Machine:
+    """One shard's state, cached, plus the compare-and-set loop."""
+
+    def __init__(self, consensus: Consensus, shard_id: str, config: PersistConfig) -> None:
+        self.consensus = consensus
+        self.shard_id = shard_id
+        self.key = shard_id
+        self.config = config
+        self._state: ShardState | None = None
+        self._lock = threading.Lock()
+        self._observed_at = 0.0  # monotonic time the cached seqno was known to be the head
+
+    # ---- reading ---------------------------------------------------------------
+
+    def fetch(self) -> ShardState:
+        """Read the head, retrying storage failures until the deadline."""
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            try:
+                head = self.consensus.head(self.key)
+            except ExternalError:
+                attempt += 1
+                if time.monotonic() > deadline:
+                    raise
+                _backoff(attempt)
+                continue
+            if head is None:
+                state = ShardState(shard_id=self.shard_id)
+            elif self._state is not None and self._state.seqno == head.seqno:
+                state = self._state
+            else:
+                state = ShardState.decode(f"consensus {self.key} seqno {head.seqno}", head.data, head.seqno)
+            self._remember(state, started)
+            return state
+
+    def _remember(self, state: ShardState, observed_at: float) -> None:
+        with self._lock:
+            cur = self._state
+            if cur is None or cur.seqno is None or (state.seqno is not None and state.seqno >= cur.seqno):
+                self._state, self._observed_at = state, observed_at
+
+    def state(self, max_age_s: float | None = None) -> ShardState:
+        """The cached state, re-read if older than ``max_age_s`` (None: never)."""
+        if self._state is None:
+            return self.fetch()
+        if max_age_s is not None and time.monotonic() - self._observed_at > max_age_s:
+            return self.fetch()
+        return self._state
+
+    # ---- writing ---------------------------------------------------------------
+
+    def apply(self, transition: Callable[[ShardState], tuple[T, bool]]) -> T:
+        """Run ``transition`` on a copy of the state and commit it if it changed it.
+
+        ``transition(state) -> (result, changed)``. It may raise to abort (for
+        example UpperMismatch); nothing is written then.
+        """
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        state = self.state(max_age_s=self.config.consensus_retention_s / 2)
+        fresh = False
+        attempt = 0
+        while True:
+            new = state.clone()
+            now = self.config.clock_ms()
+            try:
+                result, changed = transition(new)
+            except UpperMismatch:
+                # SUBTLE: a cached state may lag; only a fresh one can refute.
+                if fresh:
+                    raise
+                state, fresh = self.fetch(), True
+                continue
+            if not changed:
+                return result
+            seqno = 1 if state.seqno is None else state.seqno + 1
+            new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
+            new.check()
+            data = new.encode()
+            started = time.monotonic()
+            try:
+                outcome = self.consensus.compare_and_set(self.key, state.seqno, data)
+            except (Determinate, Indeterminate) as e:
+                # SUBTLE: an indeterminate CAS may have committed. Re-read and
+                # re-run: the transition sees its own token and reports success.
+                attempt += 1
+                if time.monotonic() > deadline:
+                    raise
+                log.debug("cas on %s failed (%s); retrying", self.key, e)
+                _backoff(attempt)
+                state, fresh = self.fetch(), True
+                continue
+            if outcome is CaSResult.COMMITTED:
+                new.seqno = seqno
+                self._remember(new, started)
+                if seqno % self.config.gc_every_versions == 0:
+                    self.truncate_old_versions()
+                return result
+            attempt += 1
+            state, fresh = self.fetch(), True
+
+    def truncate_old_versions(self) -> int:
+        """Delete consensus versions older than the newest mark past the retention."""
+        state = self._state
+        if state is None or state.seqno is None:
+            return 0
+        horizon = self.config.clock_ms() - int(self.config.consensus_retention_s * 1000)
+        old = [seqno for seqno, wall in state.marks if wall <= horizon and seqno <= state.seqno]
+        if not old:
+            return 0
+        try:
+            return self.consensus.truncate(self.key, max(old))
+        except ExternalError as e:  # best effort: the next GC tries again
+            log.debug("truncate of %s failed: %s", self.key, e)
+            return 0
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(0.5, 0.005 * (2 ** min(attempt, 8))) * (0.5 + random.random()))

@@ -1,0 +1,284 @@
+"""The state of one shard, and the pure transitions on it.
+
+Invariants (every transition keeps them; :meth:`ShardState.check` asserts them):
+
+1. ``batches`` tile ``[lower of the first, upper)`` with no gaps or overlaps:
+   ``batches[i].upper == batches[i+1].lower`` and the last upper is ``upper``.
+   Every update in a batch has its (rewritten) time in ``[lower, upper)`` of
+   that batch, except that times below the batch's ``since`` may have been
+   advanced to it by compaction.
+2. ``upper`` only advances. ``since`` only advances, and
+   ``since = max(old since, min(holds))`` where the holds are every unexpired
+   leased reader's since and every critical reader's since.
+3. Reading at any ``as_of`` with ``since <= as_of < upper`` gives the same
+   consolidated result before and after any compaction.
+4. A writer's ``token`` names its most recent successful append, so a retry of
+   that append (after an indeterminate failure) is recognised and not applied twice.
+5. Only the first batch may be empty: an empty append extends the last batch
+   (or a non-empty append absorbs a trailing empty batch), so empty time
+   costs no state.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field, replace
+
+from persist.codec import KIND_STATE, frame, unframe
+from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
+from persist.parts import Run
+
+
+@dataclass(frozen=True)
+class HollowBatch:
+    """A batch as the state knows it: time bounds and where its rows are."""
+
+    id: str
+    lower: int
+    upper: int
+    since: int
+    runs: tuple[Run, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for r in self.runs)
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.runs)
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "lower": self.lower,
+            "upper": self.upper,
+            "since": self.since,
+            "runs": [r.to_json() for r in self.runs],
+        }
+
+    @staticmethod
+    def from_json(j: dict) -> HollowBatch:
+        return HollowBatch(j["id"], j["lower"], j["upper"], j["since"], tuple(Run.from_json(r) for r in j["runs"]))
+
+
+@dataclass(frozen=True)
+class WriterState:
+    heartbeat_ms: int
+    lease_ms: int
+    token: str
+
+
+@dataclass(frozen=True)
+class LeasedReaderState:
+    since: int
+    heartbeat_ms: int
+    lease_ms: int
+
+
+@dataclass(frozen=True)
+class CriticalReaderState:
+    since: int
+    opaque: int
+
+
+@dataclass
+class ShardState:
+    """Everything the consensus log stores about one shard, one version at a time."""
+
+    shard_id: str
+    schema: str | None = None
+    since: int = 0
+    upper: int = 0
+    batches: list[HollowBatch] = field(default_factory=list)
+    writers: dict[str, WriterState] = field(default_factory=dict)
+    leased: dict[str, LeasedReaderState] = field(default_factory=dict)
+    critical: dict[str, CriticalReaderState] = field(default_factory=dict)
+    walltime_ms: int = 0
+    marks: list[tuple[int, int]] = field(default_factory=list)
+    garbage: list[tuple[str, int]] = field(default_factory=list)  # (part key, retired at ms)
+    seqno: int | None = None  # the consensus seqno this was read at; not serialized
+
+    # ---- encoding -------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        j = {
+            "shard_id": self.shard_id,
+            "schema": self.schema,
+            "since": self.since,
+            "upper": self.upper,
+            "batches": [b.to_json() for b in self.batches],
+            "writers": {k: [w.heartbeat_ms, w.lease_ms, w.token] for k, w in self.writers.items()},
+            "leased": {k: [r.since, r.heartbeat_ms, r.lease_ms] for k, r in self.leased.items()},
+            "critical": {k: [r.since, r.opaque] for k, r in self.critical.items()},
+            "walltime_ms": self.walltime_ms,
+            "marks": self.marks,
+            "garbage": self.garbage,
+        }
+        return frame(KIND_STATE, json.dumps(j, separators=(",", ":")).encode())
+
+    @staticmethod
+    def decode(key: str, data: bytes, seqno: int) -> ShardState:
+        j = json.loads(unframe(key, data, KIND_STATE))
+        return ShardState(
+            shard_id=j["shard_id"],
+            schema=j["schema"],
+            since=j["since"],
+            upper=j["upper"],
+            batches=[HollowBatch.from_json(b) for b in j["batches"]],
+            writers={k: WriterState(*v) for k, v in j["writers"].items()},
+            leased={k: LeasedReaderState(*v) for k, v in j["leased"].items()},
+            critical={k: CriticalReaderState(*v) for k, v in j["critical"].items()},
+            walltime_ms=j["walltime_ms"],
+            marks=[(a, b) for a, b in j["marks"]],
+            garbage=[(a, b) for a, b in j["garbage"]],
+            seqno=seqno,
+        )
+
+    def clone(self) -> ShardState:
+        return replace(
+            self,
+            batches=list(self.batches),
+            writers=dict(self.writers),
+            leased=dict(self.leased),
+            critical=dict(self.critical),
+            marks=list(self.marks),
+            garbage=list(self.garbage),
+        )
+
+    # ---- invariants -----------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise AssertionError if an invariant is broken (a bug, never bad input)."""
+        for a, b in zip(self.batches, self.batches[1:]):
+            assert a.upper == b.lower, f"batches not contiguous: {a.upper} != {b.lower}"
+        if self.batches:
+            assert self.batches[-1].upper == self.upper, "last batch upper != shard upper"
+        for b in self.batches[1:]:
+            assert b.rows > 0, "an empty batch after the first"
+
+    @property
+    def lower(self) -> int:
+        return self.batches[0].lower if self.batches else self.upper
+
+    # ---- maintenance done on every write ---------------------------------------
+
+    def maintain(self, now_ms: int, seqno: int, mark_every_ms: int) -> None:
+        """Expire leases, recompute the since, stamp the time, keep truncation marks."""
+        self.leased = {k: r for k, r in self.leased.items() if r.heartbeat_ms + r.lease_ms > now_ms}
+        self.writers = {k: w for k, w in self.writers.items() if w.heartbeat_ms + w.lease_ms > now_ms}
+        self.recompute_since()
+        self.walltime_ms = now_ms
+        if not self.marks or now_ms - self.marks[-1][1] >= mark_every_ms:
+            self.marks.append((seqno, now_ms))
+            # Keep every mark younger than 4 spacings, plus the newest older one.
+            old = [m for m in self.marks if now_ms - m[1] >= 4 * mark_every_ms]
+            young = [m for m in self.marks if now_ms - m[1] < 4 * mark_every_ms]
+            self.marks = old[-2:] + young
+
+    def recompute_since(self) -> None:
+        holds = [r.since for r in self.leased.values()] + [r.since for r in self.critical.values()]
+        if holds:
+            self.since = max(self.since, min(holds))
+
+    # ---- transitions ----------------------------------------------------------
+
+    def register_schema(self, schema_text: str, describe: str) -> bool:
+        """Set the schema if unset; SchemaMismatch if it differs. True if changed."""
+        if self.schema is None:
+            self.schema = schema_text
+            return True
+        if self.schema != schema_text:
+            from persist.schema import Schema
+
+            raise SchemaMismatch(
+                f"shard {self.shard_id} has schema {Schema.from_text(self.schema).describe()}, "
+                f"but the handle was opened with {describe}; open it with the shard's schema"
+            )
+        return False
+
+    def append(
+        self,
+        writer_id: str,
+        token: str,
+        runs: tuple[Run, ...],
+        expected_upper: int,
+        new_upper: int,
+        now_ms: int,
+        lease_ms: int,
+    ) -> bool:
+        """Append ``runs`` as ``[expected_upper, new_upper)``.
+
+        Returns False (nothing to write) if this exact append already
+        happened; raises UpperMismatch if the upper is not ``expected_upper``.
+        """
+        w = self.writers.get(writer_id)
+        if w is not None and w.token == token:
+            return False
+        if self.upper != expected_upper:
+            raise UpperMismatch(expected_upper, self.upper)
+        if new_upper <= expected_upper:
+            raise InvalidUsage(f"new upper {new_upper} must be greater than expected upper {expected_upper}")
+        rows = sum(r.rows for r in runs)
+        if rows == 0 and self.batches:
+            last = self.batches[-1]
+            self.batches[-1] = replace(last, upper=new_upper)
+        elif rows > 0 and self.batches and self.batches[-1].rows == 0:
+            last = self.batches[-1]
+            self.batches[-1] = HollowBatch(uuid.uuid4().hex, last.lower, new_upper, self.since, runs)
+        else:
+            runs = runs if rows else ()
+            self.batches.append(HollowBatch(uuid.uuid4().hex, expected_upper, new_upper, self.since, runs))
+        self.upper = new_upper
+        self.writers[writer_id] = WriterState(now_ms, lease_ms, token)
+        return True
+
+    def part_keys(self) -> set[str]:
+        return {p.key for b in self.batches for r in b.runs for p in r.parts}
+
+    def apply_compaction(self, ids: list[str], merged: HollowBatch, now_ms: int) -> bool:
+        """Replace the contiguous batches ``ids`` with ``merged``. False if gone.
+
+        The replaced batches' parts become garbage: deleted after a grace
+        period, so readers that planned with an older state can finish.
+        """
+        pos = [i for i, b in enumerate(self.batches) if b.id in ids]
+        if not pos or len(pos) != len(ids) or pos != list(range(pos[0], pos[0] + len(ids))):
+            return False
+        old_keys = {p.key for i in pos for r in self.batches[i].runs for p in r.parts}
+        first, last = self.batches[pos[0]], self.batches[pos[-1]]
+        merged = replace(merged, lower=first.lower, upper=last.upper)
+        if merged.rows == 0 and pos[0] > 0:
+            # an empty result folds into its predecessor (invariant 5)
+            prev = self.batches[pos[0] - 1]
+            self.batches[pos[0] - 1 : pos[-1] + 1] = [replace(prev, upper=merged.upper)]
+        elif merged.rows == 0 and pos[-1] + 1 < len(self.batches):
+            nxt = self.batches[pos[-1] + 1]
+            self.batches[pos[0] : pos[-1] + 2] = [replace(nxt, lower=merged.lower)]
+        else:
+            self.batches[pos[0] : pos[-1] + 1] = [merged]
+        live = self.part_keys()
+        self.garbage.extend((k, now_ms) for k in sorted(old_keys - live))
+        return True
+
+    def compaction_request(self, max_bytes: int) -> list[HollowBatch] | None:
+        """The tail of batches a size-tiered policy wants merged, if any.
+
+        Walking back from the newest batch, include the previous batch while
+        it holds at most twice the rows gathered so far (and the total stays
+        under ``max_bytes``). This keeps O(log n) batches, and since every
+        merge consolidates at the shard's since, updates and their later
+        retractions cancel once a merge covers both with the since past them.
+        """
+        bs = self.batches
+        if len(bs) < 2:
+            return None
+        j = len(bs) - 1
+        rows, size = bs[j].rows, bs[j].size
+        while j > 0 and bs[j - 1].rows <= 2 * rows and size + bs[j - 1].size <= max_bytes:
+            j -= 1
+            rows += bs[j].rows
+            size += bs[j].size
+        if j < len(bs) - 1:
+            return bs[j:]
+        return None

@@ -1,0 +1,198 @@
+"""WriteHandle: appends to a shard, and does the maintenance appends ask for.
+
+An append is metadata only: the rows are first written as a :class:`Batch`
+(parts in blob storage, or inline), then one compare-and-set adds the batch
+to the state iff the shard's upper is the expected one. After a non-empty
+append the writer merges batches when the size-tiered policy asks
+(:mod:`persist.compact`) and deletes parts retired longer ago than the grace
+period.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+
+from persist.batch import Batch, BatchBuilder
+from persist.compact import merge_batches
+from persist.config import PersistConfig
+from persist.errors import ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch
+from persist.location import Blob
+from persist.machine import Machine
+from persist.parts import MissingPart
+from persist.schema import CLOSED, Schema, check_ts, check_upper
+from persist.state import ShardState
+
+log = logging.getLogger(__name__)
+
+
+class WriteHandle:
+    """Appends to one shard. Open with ``PersistClient.open_writer``.
+
+    >>> import pyarrow as pa
+    >>> from persist import PersistClient, Schema, ShardId
+    >>> client = PersistClient.open("mem://doc-write")
+    >>> schema = Schema(key=pa.schema([("k", pa.string())]), val=pa.schema([("v", pa.int64())]))
+    >>> w = client.open_writer(ShardId.new(), schema)
+    >>> w.compare_and_append([((("a",), (1,)), 0, 1)], expected_upper=0, new_upper=1)
+    >>> w.upper
+    1
+    """
+
+    def __init__(self, blob: Blob, machine: Machine, schema: Schema, config: PersistConfig) -> None:
+        self.blob, self.machine, self.schema, self.config = blob, machine, schema, config
+        self.shard_id = machine.shard_id
+        self.writer_id = "w" + uuid.uuid4().hex
+        self.schema_text = schema.to_text()
+
+    @property
+    def upper(self) -> int:
+        """The shard's upper as this handle last saw it."""
+        return self.machine.state().upper
+
+    def fetch_recent_upper(self) -> int:
+        """The shard's upper, read from storage now."""
+        return self.machine.fetch().upper
+
+    # ---- batches --------------------------------------------------------------
+
+    def builder(self, lower: int, upper: int) -> BatchBuilder:
+        """A builder for a batch of updates with times in ``[lower, upper)``."""
+        return BatchBuilder(self.blob, self.shard_id, self.schema, lower, upper, self.config)
+
+    def batch(self, updates: Iterable, lower: int, upper: int) -> Batch:
+        """Write ``updates`` as a batch with bounds ``[lower, upper)``."""
+        b = self.builder(lower, upper)
+        b.add_updates(updates)
+        return b.finish()
+
+    # ---- appends ---------------------------------------------------------------
+
+    def compare_and_append(self, updates: Iterable, expected_upper: int, new_upper: int) -> None:
+        """Append ``updates`` iff the shard's upper is ``expected_upper``; advance it to ``new_upper``.
+
+        Every update time must be in ``[expected_upper, new_upper)``. Raises
+        :class:`UpperMismatch` (with ``.current``) if the upper differs;
+        nothing is appended then.
+        """
+        check_ts(expected_upper, "expected_upper")
+        check_upper(new_upper, "new_upper")
+        if new_upper <= expected_upper:
+            raise InvalidUsage(f"new_upper {new_upper} must be greater than expected_upper {expected_upper}")
+        batch = self.batch(updates, expected_upper, new_upper)
+        try:
+            self.compare_and_append_batch([batch], expected_upper, new_upper)
+        except UpperMismatch:
+            batch.delete(self.blob)
+            raise
+
+    def compare_and_append_batch(self, batches: Sequence[Batch], expected_upper: int, new_upper: int) -> None:
+        """Append written ``batches`` as metadata iff the upper is ``expected_upper``.
+
+        Each batch's bounds must lie within ``[expected_upper, new_upper)``
+        (re-timestamp it with :meth:`Batch.rewrite_ts` first if needed). A
+        retry of the same call after an indeterminate failure is recognised
+        and not applied twice.
+        """
+        check_ts(expected_upper, "expected_upper")
+        check_upper(new_upper, "new_upper")
+        if new_upper <= expected_upper:
+            raise InvalidUsage(f"new_upper {new_upper} must be greater than expected_upper {expected_upper}")
+        for b in batches:
+            if b.shard_id != self.shard_id:
+                raise InvalidUsage(f"batch {b.id} was written for shard {b.shard_id}, not {self.shard_id}")
+            if b.schema_text != self.schema_text:
+                raise SchemaMismatch(f"batch {b.id} was written with a different schema than shard {self.shard_id}'s")
+            if b.lower < expected_upper or b.upper > new_upper:
+                raise InvalidUsage(
+                    f"batch {b.id} has bounds [{b.lower}, {b.upper}), outside the append bounds "
+                    f"[{expected_upper}, {new_upper}); rewrite its times with Batch.rewrite_ts"
+                )
+        runs = tuple(r for b in batches for r in b.runs if r.rows)
+        digest = hashlib.sha256(f"{expected_upper}:{new_upper}:{','.join(b.id for b in batches)}".encode())
+        token = digest.hexdigest()[:32]
+        lease_ms = int(self.config.writer_lease_s * 1000)
+
+        def transition(s: ShardState) -> tuple[None, bool]:
+            changed = s.register_schema(self.schema_text, self.schema.describe())
+            now = self.config.clock_ms()
+            if not s.append(self.writer_id, token, runs, expected_upper, new_upper, now, lease_ms):
+                return None, changed
+            return None, True
+
+        self.machine.apply(transition)
+        if runs:
+            self.maintain()
+
+    def close_shard(self) -> None:
+        """Advance the upper past every time: the shard takes no more appends."""
+        upper = self.fetch_recent_upper()
+        if upper < CLOSED:
+            self.compare_and_append_batch([], upper, CLOSED)
+
+    # ---- maintenance -----------------------------------------------------------
+
+    def maintain(self) -> None:
+        """Compact if the policy asks; delete parts whose grace period passed.
+
+        Best effort: a storage failure here is logged and left for later.
+        """
+        try:
+            if self.config.compaction_enabled:
+                self.compact()
+            self.collect_garbage()
+        except (ExternalError, MissingPart) as e:
+            log.debug("maintenance of %s deferred: %s", self.shard_id, e)
+
+    def compact(self, max_rounds: int = 4) -> int:
+        """Run up to ``max_rounds`` compactions the policy asks for. Returns how many applied."""
+        applied = 0
+        for _ in range(max_rounds):
+            state = self.machine.state()
+            inputs = state.compaction_request(self.config.compaction_max_bytes)
+            if not inputs:
+                break
+            merged = merge_batches(self.blob, self.shard_id, self.schema.arrow, inputs, state.since, self.config)
+            ids = [b.id for b in inputs]
+
+            def transition(s: ShardState) -> tuple[bool, bool]:
+                ok = s.apply_compaction(ids, merged, self.config.clock_ms())
+                return ok, ok
+
+            if self.machine.apply(transition):
+                applied += 1
+            else:
+                for r in merged.runs:
+                    for p in r.parts:
+                        self.blob.delete(p.key)
+                break
+        return applied
+
+    def collect_garbage(self) -> int:
+        """Delete retired parts older than the grace period; forget them in the state."""
+        state = self.machine.state()
+        horizon = self.config.clock_ms() - int(self.config.part_grace_s * 1000)
+        due = [k for k, at in state.garbage if at <= horizon]
+        if not due:
+            return 0
+        for k in due:
+            self.blob.delete(k)
+        gone = set(due)
+
+        def transition(s: ShardState) -> tuple[None, bool]:
+            before = len(s.garbage)
+            s.garbage = [(k, at) for k, at in s.garbage if k not in gone]
+            return None, len(s.garbage) != before
+
+        self.machine.apply(transition)
+        return len(due)
+
+    def expire(self) -> None:
+        """Drop this writer's registration (its idempotency record)."""
+
+        def transition(s: ShardState) -> tuple[None, bool]:
+            return None, s.writers.pop(self.writer_id, None) is not None
+
+        self.machine.apply(transition)
