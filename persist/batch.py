@@ -61,7 +61,7 @@ class Batch:
 
         No data is rewritten: the parts are shared, the new time is metadata.
         ``ts`` must not be below ``lower``. The new bounds are
-        ``[ts, max(upper, ts + 1))``, or ``[ts, upper)`` when given.
+        ``[ts, max(upper, ts + 1))``, or ``[ts, upper)`` when given (at least that big).
         """
         check_ts(ts, "rewrite ts")
         if ts < self.lower:
@@ -69,6 +69,10 @@ class Batch:
         new_upper = max(self.upper, ts + 1) if upper is None else check_upper(upper)
         if new_upper <= ts:
             raise InvalidUsage(f"rewrite upper {new_upper} must be past the rewrite ts {ts}")
+        if new_upper < self.upper:
+            # The rows may have times up to self.upper - 1, which a rewrite to
+            # ts < self.upper leaves as they are: they must stay inside the bounds.
+            raise InvalidUsage(f"rewrite upper {new_upper} must not be below the batch's upper {self.upper}")
         return replace(self, lower=ts, upper=new_upper, runs=tuple(r.rewritten(ts) for r in self.runs))
 
     def to_bytes(self) -> bytes:
@@ -101,7 +105,14 @@ class BatchBuilder:
     """
 
     def __init__(
-        self, blob: Blob, shard_id: str, schema: Schema, lower: int, upper: int, config: PersistConfig
+        self,
+        blob: Blob,
+        shard_id: str,
+        schema: Schema,
+        lower: int,
+        upper: int,
+        config: PersistConfig,
+        inline_max_bytes: int | None = None,
     ) -> None:
         check_ts(lower, "batch lower")
         check_upper(upper, "batch upper")
@@ -109,6 +120,7 @@ class BatchBuilder:
             raise InvalidUsage(f"batch upper {upper} must be greater than its lower {lower}")
         self.blob, self.shard_id, self.schema = blob, shard_id, schema
         self.lower, self.upper, self.config = lower, upper, config
+        self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
         self._rows: list = []
         self._tables: list[pa.Table] = []
         self._buffered = 0
@@ -185,7 +197,7 @@ class BatchBuilder:
         if not self._parts and self._tables:
             table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
             inline = encode_inline(table)
-            if len(inline) <= self.config.inline_max_bytes:
+            if len(inline) <= self.inline_max_bytes:
                 run = Run(inline=inline, rows=table.num_rows)
                 self._tables = []
         self._flush()

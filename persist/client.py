@@ -54,12 +54,33 @@ class PersistClient:
                 self._machines[sid] = Machine(self.consensus, sid, self.config)
             return self._machines[sid]
 
-    def open_writer(self, shard_id: ShardId | str, schema: Schema) -> WriteHandle:
-        """A writer for ``shard_id``. Registers ``schema`` on first use; SchemaMismatch if it differs."""
+    def open_writer(
+        self, shard_id: ShardId | str, schema: Schema, inline_max_bytes: int | None = None
+    ) -> WriteHandle:
+        """A writer for ``shard_id``. Registers ``schema`` on first use; SchemaMismatch if it differs.
+
+        ``inline_max_bytes`` overrides the config's threshold for this writer's batches.
+        """
         _check_schema(schema)
         m = self.machine(shard_id)
         _check_against(m.state(), schema)
-        return WriteHandle(self.blob, m, schema, self.config)
+        return WriteHandle(self.blob, m, schema, self.config, inline_max_bytes)
+
+    def register_schema(self, shard_id: ShardId | str, schema: Schema) -> None:
+        """Record ``schema`` as the shard's schema (a no-op if it already is; SchemaMismatch if another)."""
+        _check_schema(schema)
+        text = schema.to_text()
+
+        def transition(s: ShardState) -> tuple[None, bool]:
+            return None, s.register_schema(text, schema.describe())
+
+        self.machine(shard_id).apply(transition)
+
+    def shard_schema(self, shard_id: ShardId | str) -> Schema | None:
+        """The shard's registered schema, or None if it has none yet."""
+        m = self.machine(shard_id)
+        text = m.state().schema or m.fetch().schema
+        return Schema.from_text(text) if text else None
 
     def open_leased_reader(self, shard_id: ShardId | str, schema: Schema) -> ReadHandle:
         """A reader holding the shard's since at its current value, with a lease."""

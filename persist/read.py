@@ -188,9 +188,7 @@ class ReadHandle:
 
     def snapshot_plan(self, as_of: int) -> SnapshotPlan:
         """The runs a snapshot at ``as_of`` reads (for distributed readers such as Spark)."""
-        state = self._ready_state(as_of)
-        runs = tuple(r for b in state.batches if b.lower <= as_of for r in b.runs if r.rows)
-        return SnapshotPlan(self.shard_id, as_of, runs, self.schema)
+        return plan_at(self._ready_state(as_of), self.schema, as_of)
 
     def snapshot_tables(self, as_of: int) -> Iterator[pa.Table]:
         """The snapshot at ``as_of`` as Arrow tables, NOT consolidated, one part at a time.
@@ -235,6 +233,30 @@ class ReadHandle:
         return Listen(self, as_of)
 
 
+def plan_at(state: ShardState, schema: Schema, as_of: int) -> SnapshotPlan:
+    """The plan of a snapshot at ``as_of`` from ``state`` (whose upper must be past it).
+
+    Raises ReadBelowSince if ``as_of`` is below the shard's since.
+    """
+    if as_of < state.since:
+        raise ReadBelowSince(
+            f"as_of {as_of} is below shard {state.shard_id}'s since {state.since}; compaction has "
+            f"merged those times. Read at an as_of >= {state.since}",
+            state.since,
+        )
+    if state.upper <= as_of:
+        raise InvalidUsage(f"shard {state.shard_id}: as_of {as_of} is not below the upper {state.upper}")
+    runs = tuple(r for b in state.batches if b.lower <= as_of for r in b.runs if r.rows)
+    return SnapshotPlan(state.shard_id, as_of, runs, schema)
+
+
+def fetch_plan(blob: Blob, plan: SnapshotPlan) -> list:
+    """Read a plan's parts and return the consolidated snapshot as update tuples."""
+    tables = [at_as_of(t, plan.as_of) for run in plan.runs for t in read_run(blob, run, plan.schema.arrow)]
+    table = pa.concat_tables(tables) if tables else plan.schema.arrow.empty_table()
+    return to_updates(plan.schema, consolidate(table))
+
+
 def at_as_of(table: pa.Table, as_of: int) -> pa.Table:
     """Rows of ``table`` with ``ts <= as_of``, their time set to ``as_of``."""
     table = table.filter(pc.less_equal(table.column("ts"), pa.scalar(as_of, pa.uint64())))
@@ -274,22 +296,45 @@ class Listen:
         except ReadTimeout:
             return []
         r._check_live(state)
+        for attempt in range(3):
+            try:
+                events, self.frontier = self._events(state)
+                return events
+            except MissingPart as e:
+                # SUBTLE: the state may be a stale cache whose parts compaction has
+                # since retired and deleted. Re-read it; a part a fresh state still
+                # references is really missing.
+                state = r.machine.fetch()
+                r._check_live(state)
+                if e.key in state.part_keys():
+                    raise CorruptObject(e.key, "a part the shard references is missing from blob storage") from None
+                if attempt == 2:
+                    raise InvalidUsage(
+                        f"parts of shard {r.shard_id} kept being retired by compaction while this listen "
+                        f"read them; call next() again"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _events(self, state: ShardState) -> tuple[list, int]:
+        """The events of ``state`` past the frontier, and the new frontier (not yet set)."""
+        r = self.reader
+        frontier = self.frontier
         events: list = []
         for batch in state.batches:
-            if batch.upper <= self.frontier:
+            if batch.upper <= frontier:
                 continue
             tables = [t for t in batch_tables(r.blob, batch, r.schema.arrow)]
             if tables:
                 t = pa.concat_tables(tables)
-                lo = pa.scalar(self.frontier, pa.uint64())
+                lo = pa.scalar(frontier, pa.uint64())
                 t = t.filter(pc.greater_equal(t.column("ts"), lo))
                 t = consolidate(t)
                 if t.num_rows:
                     t = t.sort_by([("ts", "ascending")])
                     events.append(Updates(to_updates(r.schema, t)))
-            self.frontier = batch.upper
+            frontier = batch.upper
             events.append(Progress(batch.upper))
-        return events
+        return events, frontier
 
     def __iter__(self) -> Iterator:
         while True:

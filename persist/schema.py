@@ -195,3 +195,42 @@ def check_table(schema: Schema, table: pa.Table) -> pa.Table:
         return table.cast(want)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
         raise SchemaMismatch(f"columns cannot be converted to the shard schema {schema.describe()}: {e}") from None
+
+
+def _fits(x: object, typ: pa.DataType) -> bool:
+    """A quick check that ``x`` is a value of Arrow type ``typ``; unknown types ask Arrow."""
+    if x is None:
+        return True
+    if pa.types.is_boolean(typ):
+        return isinstance(x, bool)
+    if pa.types.is_integer(typ):
+        if isinstance(x, bool) or not isinstance(x, int):
+            return False
+        bits = typ.bit_width
+        lo, hi = (0, 2**bits - 1) if pa.types.is_unsigned_integer(typ) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        return lo <= x <= hi
+    if pa.types.is_floating(typ):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return isinstance(x, str)
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return isinstance(x, (bytes, bytearray))
+    try:
+        pa.array([x], type=typ)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        return False
+
+
+def check_row(schema: Schema, key: object, val: object) -> None:
+    """SchemaMismatch unless ``key`` and ``val`` are tuples matching the schema's fields."""
+    for what, row, fields in (("key", key, schema.key), ("val", val, schema.val)):
+        if not isinstance(row, tuple) or len(row) != len(fields):
+            raise SchemaMismatch(
+                f"{what} {row!r} must be a tuple of {len(fields)} field(s); the shard schema is {schema.describe()}"
+            )
+        for x, f in zip(row, fields, strict=True):
+            if not _fits(x, f.type) or (x is None and not f.nullable):
+                raise SchemaMismatch(
+                    f"{what} field {f.name!r} expects {f.type}, got {x!r}; the shard schema is {schema.describe()}"
+                )

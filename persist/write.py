@@ -41,8 +41,11 @@ class WriteHandle:
     1
     """
 
-    def __init__(self, blob: Blob, machine: Machine, schema: Schema, config: PersistConfig) -> None:
+    def __init__(
+        self, blob: Blob, machine: Machine, schema: Schema, config: PersistConfig, inline_max_bytes: int | None = None
+    ) -> None:
         self.blob, self.machine, self.schema, self.config = blob, machine, schema, config
+        self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
         self.shard_id = machine.shard_id
         self.writer_id = "w" + uuid.uuid4().hex
         self.schema_text = schema.to_text()
@@ -60,7 +63,9 @@ class WriteHandle:
 
     def builder(self, lower: int, upper: int) -> BatchBuilder:
         """A builder for a batch of updates with times in ``[lower, upper)``."""
-        return BatchBuilder(self.blob, self.shard_id, self.schema, lower, upper, self.config)
+        return BatchBuilder(
+            self.blob, self.shard_id, self.schema, lower, upper, self.config, inline_max_bytes=self.inline_max_bytes
+        )
 
     def batch(self, updates: Iterable, lower: int, upper: int) -> Batch:
         """Write ``updates`` as a batch with bounds ``[lower, upper)``."""
@@ -70,12 +75,14 @@ class WriteHandle:
 
     # ---- appends ---------------------------------------------------------------
 
-    def compare_and_append(self, updates: Iterable, expected_upper: int, new_upper: int) -> None:
+    def compare_and_append(
+        self, updates: Iterable, expected_upper: int, new_upper: int, token: str | None = None
+    ) -> None:
         """Append ``updates`` iff the shard's upper is ``expected_upper``; advance it to ``new_upper``.
 
         Every update time must be in ``[expected_upper, new_upper)``. Raises
         :class:`UpperMismatch` (with ``.current``) if the upper differs;
-        nothing is appended then.
+        nothing is appended then. ``token``: see :meth:`compare_and_append_batch`.
         """
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
@@ -83,18 +90,22 @@ class WriteHandle:
             raise InvalidUsage(f"new_upper {new_upper} must be greater than expected_upper {expected_upper}")
         batch = self.batch(updates, expected_upper, new_upper)
         try:
-            self.compare_and_append_batch([batch], expected_upper, new_upper)
+            self.compare_and_append_batch([batch], expected_upper, new_upper, token)
         except UpperMismatch:
             batch.delete(self.blob)
             raise
 
-    def compare_and_append_batch(self, batches: Sequence[Batch], expected_upper: int, new_upper: int) -> None:
+    def compare_and_append_batch(
+        self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None = None
+    ) -> None:
         """Append written ``batches`` as metadata iff the upper is ``expected_upper``.
 
         Each batch's bounds must lie within ``[expected_upper, new_upper)``
         (re-timestamp it with :meth:`Batch.rewrite_ts` first if needed). A
         retry of the same call after an indeterminate failure is recognised
-        and not applied twice.
+        and not applied twice. ``token`` overrides the idempotency token
+        (derived by default from the bounds and batch ids); it must be unique
+        per distinct append.
         """
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
@@ -112,7 +123,7 @@ class WriteHandle:
                 )
         runs = tuple(r for b in batches for r in b.runs if r.rows)
         digest = hashlib.sha256(f"{expected_upper}:{new_upper}:{','.join(b.id for b in batches)}".encode())
-        token = digest.hexdigest()[:32]
+        token = token or digest.hexdigest()[:32]
         lease_ms = int(self.config.writer_lease_s * 1000)
 
         def transition(s: ShardState) -> tuple[None, bool]:
@@ -156,8 +167,15 @@ class WriteHandle:
                 break
             merged = merge_batches(self.blob, self.shard_id, self.schema.arrow, inputs, state.since, self.config)
             ids = [b.id for b in inputs]
+            merged_keys = {p.key for r in merged.runs for p in r.parts}
 
             def transition(s: ShardState) -> tuple[bool, bool]:
+                # SUBTLE: after an indeterminate CAS the machine re-runs this on a
+                # fresh state. If our merge already committed, its parts are live
+                # (or retired with a grace period): report success so they are not
+                # deleted below.
+                if any(b.id == merged.id for b in s.batches) or any(k in merged_keys for k, _ in s.garbage):
+                    return True, False
                 ok = s.apply_compaction(ids, merged, self.config.clock_ms())
                 return ok, ok
 

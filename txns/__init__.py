@@ -1,1 +1,44 @@
-"""txns: atomic multi-shard transactions over persist (see txns/README in design.md)."""
+"""txns: atomic transactions across many persist shards, through one txns shard.
+
+>>> import pyarrow as pa
+>>> from persist import PersistClient, Schema, ShardId
+>>> from txns import TxnsHandle, TimestampUnavailable
+>>> client = PersistClient.open("mem://doc-txns-usage")
+>>> schema = Schema(key=pa.schema([("k", pa.int64())]), val=pa.schema([]))
+>>> txns = TxnsHandle.open(client, ShardId.new())
+>>> d0, d1 = str(ShardId.new()), str(ShardId.new())
+>>> txns.register(1, {d0: schema}); txns.register(2, {d1: schema})
+>>> txn = txns.begin(); txn.write(d0, (0,), (), 1); txn.write(d1, (1,), (), -1)
+>>> _ = txn.commit_at(txns, 3).apply(txns)
+>>> txn = txns.begin(); txn.write(d0, (2,), (), 1)
+>>> try:
+...     txn.commit_at(txns, 3)
+... except TimestampUnavailable as e:
+...     print(e.upper)
+4
+>>> _ = txn.commit_at(txns, 4).apply(txns)
+>>> txns.snapshot(d1, 4)
+[(((1,), ()), 4, -1)]
+"""
+
+from txns.cache import ListenNext, TxnsCache
+from txns.entries import TXNS_SCHEMA, Entry
+from txns.errors import NotRegistered, TimestampUnavailable
+from txns.handle import DataSnapshot, TxnsHandle
+from txns.subscribe import DataSubscribe
+from txns.txn import Tidy, Txn, TxnApply
+
+__all__ = [
+    "DataSnapshot",
+    "DataSubscribe",
+    "Entry",
+    "ListenNext",
+    "NotRegistered",
+    "TXNS_SCHEMA",
+    "Tidy",
+    "TimestampUnavailable",
+    "Txn",
+    "TxnApply",
+    "TxnsCache",
+    "TxnsHandle",
+]

@@ -1,0 +1,235 @@
+"""The read cache: what a handle knows of the txns shard, kept current incrementally.
+
+It follows the txns shard from its since: a snapshot at the since, then each
+new batch once (inline batches cost no request; only the state is read).
+
+Invariants:
+
+- ``frontier`` is a txns upper: every txns update at a time below it has been
+  processed, and none at or above it.
+- ``entries`` are the append entries present (added, not yet tidied) as of
+  ``frontier``: the unapplied writes plus applied ones not yet retracted.
+- ``writes[d]`` holds the commit time of every write to data shard ``d`` at
+  or after ``since``. Every write below ``since`` is applied (the txns
+  shard's since never passes an unapplied write; see ``TxnsHandle.compact_to``),
+  so reads at ``as_of < since`` need no write times.
+- The cache's leased reader holds the txns shard's since at or below
+  ``frontier - 1``, so compaction never moves a time the cache has not read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persist import PersistClient, ReadHandle, ReadTimeout
+from persist.machine import _backoff
+from persist.parts import consolidate
+from persist.read import batch_tables, to_updates
+from persist.state import ShardState
+from txns.entries import TXNS_SCHEMA, Entry
+
+
+@dataclass
+class Registration:
+    """A data shard's registration: from ``register_ts`` until ``forget_ts`` (None: still)."""
+
+    register_ts: int
+    forget_ts: int | None = None
+
+    def covers(self, ts: int) -> bool:
+        return self.register_ts <= ts and (self.forget_ts is None or ts < self.forget_ts)
+
+
+@dataclass(frozen=True)
+class ListenNext:
+    """What a listener of a data shard at ``ts`` should do next (see ``data_listen_next``).
+
+    ``kind`` is ``"read_data_to"`` (read the data shard up to ``upper``: there
+    are writes below it), ``"emit_progress"`` (no writes below ``upper``: emit
+    it as progress without reading), or ``"wait"`` (wait for the txns shard
+    to pass ``upper``).
+    """
+
+    kind: str
+    upper: int
+
+
+class TxnsCache:
+    """The txns shard as of ``frontier``. Obtain it with ``TxnsHandle.read_cache()``."""
+
+    def __init__(self, client: PersistClient, txns_id: str, handle: object | None = None) -> None:
+        self.client = client
+        self.txns_id = txns_id
+        self._handle = handle
+        self._start()
+
+    def _start(self) -> None:
+        client, txns_id = self.client, self.txns_id
+        self.reader: ReadHandle = client.open_leased_reader(txns_id, TXNS_SCHEMA)
+        self.machine = self.reader.machine
+        self.registrations: dict[str, list[Registration]] = defaultdict(list)
+        self.entries: dict[Entry, int] = {}
+        self.writes: dict[str, list[int]] = defaultdict(list)
+        self.since = self.reader.since
+        self._held = self.since
+        state = self.machine.state()
+        if state.upper > self.since:
+            for (key, val), _ts, diff in self.reader.snapshot_and_fetch(self.since):
+                self._process(Entry.from_kv(key, val), self.since, diff)
+            self.frontier = self.since + 1
+        else:
+            self.frontier = state.upper
+        self._absorb(self.machine.state())
+
+    # ---- following the txns shard ----------------------------------------------
+
+    def _process(self, e: Entry, at: int, diff: int) -> None:
+        if e.is_registration:
+            regs = self.registrations[e.data_id]
+            if diff > 0:
+                regs.append(Registration(e.ts))
+            else:
+                for r in regs:
+                    if r.register_ts == e.ts and r.forget_ts is None:
+                        r.forget_ts = at
+                        break
+            return
+        n = self.entries.get(e, 0) + diff
+        if n == 0:
+            self.entries.pop(e, None)
+        else:
+            self.entries[e] = n
+        if diff > 0:
+            w = self.writes[e.data_id]
+            if not w or w[-1] < e.ts:
+                w.append(e.ts)
+            elif e.ts not in w:
+                bisect.insort(w, e.ts)
+
+    def _absorb(self, state: ShardState) -> None:
+        """Process every batch of ``state`` past the frontier."""
+        if self.reader.reader_id not in state.leased and state.seqno is not None:
+            # SUBTLE: our lease lapsed, so compaction may have moved times we
+            # have not read. Start over from a fresh snapshot.
+            self._start()
+            return
+        for batch in state.batches:
+            if batch.upper <= self.frontier:
+                continue
+            tables = list(batch_tables(self.client.blob, batch, TXNS_SCHEMA.arrow))
+            if tables:
+                t = pa.concat_tables(tables)
+                t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(self.frontier, pa.uint64())))
+                t = consolidate(t)
+                if t.num_rows:
+                    t = t.sort_by([("ts", "ascending")])
+                    for (key, val), at, diff in to_updates(TXNS_SCHEMA, t):
+                        self._process(Entry.from_kv(key, val), at, diff)
+            self.frontier = batch.upper
+        self._compact(state.since)
+
+    def _compact(self, shard_since: int) -> None:
+        """Forget write times below the txns shard's since; move our hold up."""
+        if shard_since > self.since:
+            self.since = shard_since
+            for d, w in self.writes.items():
+                i = bisect.bisect_left(w, shard_since)
+                if i:
+                    del w[:i]
+        # Move the hold lazily: it costs a write to the txns shard.
+        if self.frontier - 1 > self._held and self.reader.config.clock_ms() - self.reader._heartbeat_ms > (
+            self.reader.config.reader_lease_s * 250
+        ):
+            self.reader.downgrade_since(self.frontier - 1)
+            self._held = self.frontier - 1
+
+    def sync_cached(self) -> None:
+        """Catch up with the state this process already holds (no storage request)."""
+        self._absorb(self.machine.state())
+
+    def sync(self) -> None:
+        """Catch up with the txns shard as it is in storage now."""
+        self._absorb(self.machine.fetch())
+
+    def update_gt(self, ts: int, wait_s: float | None = None) -> None:
+        """Catch up until the frontier is past ``ts``, waiting up to ``wait_s``; else ReadTimeout."""
+        self._update(lambda: self.frontier > ts, ts + 1, wait_s)
+
+    def update_ge(self, ts: int, wait_s: float | None = None) -> None:
+        """Catch up until the frontier is at least ``ts``, waiting up to ``wait_s``; else ReadTimeout."""
+        self._update(lambda: self.frontier >= ts, ts, wait_s)
+
+    def _update(self, done, want: int, wait_s: float | None) -> None:  # type: ignore[no-untyped-def]
+        self.sync_cached()
+        if done():
+            return
+        wait = self.reader.config.read_wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait
+        attempt = 0
+        while True:
+            self.sync()
+            if done():
+                return
+            if time.monotonic() >= deadline:
+                raise ReadTimeout(
+                    f"txns shard {self.txns_id}: upper is {self.frontier}, not {want} after waiting {wait}s; "
+                    f"read below the txns upper, or commit (or advance) to a later time first",
+                    self.frontier,
+                )
+            attempt += 1
+            _backoff(attempt)
+
+    # ---- questions ---------------------------------------------------------------
+
+    def registered_at(self, data_id: str, ts: int) -> bool:
+        return any(r.covers(ts) for r in self.registrations.get(data_id, ()))
+
+    def registered_now(self) -> dict[str, Registration]:
+        """Every data shard registered at the frontier, with its open registration."""
+        out = {}
+        for d, regs in self.registrations.items():
+            for r in regs:
+                if r.forget_ts is None:
+                    out[d] = r
+        return out
+
+    def latest_write_le(self, data_id: str, ts: int) -> int | None:
+        """The latest known write to ``data_id`` at or before ``ts`` (None: none at or after the since)."""
+        w = self.writes.get(data_id, [])
+        i = bisect.bisect_right(w, ts)
+        return w[i - 1] if i else None
+
+    def next_write_ge(self, data_id: str, ts: int) -> int | None:
+        w = self.writes.get(data_id, [])
+        i = bisect.bisect_left(w, ts)
+        return w[i] if i < len(w) else None
+
+    def entries_le(self, ts: int) -> list[Entry]:
+        """Present append entries at or before ``ts``, in (ts, data_id) order."""
+        return sorted(e for e in self.entries if e.ts <= ts)
+
+    def present(self, e: Entry) -> bool:
+        return self.entries.get(e, 0) > 0
+
+    def data_listen_next(self, data_id: str, ts: int) -> ListenNext:
+        """What a listener of ``data_id`` that has emitted everything below ``ts`` should do next."""
+        if ts >= self.frontier:
+            return ListenNext("wait", self.frontier)
+        if ts < self.since:
+            return ListenNext("read_data_to", self.since)
+        w = self.next_write_ge(data_id, ts)
+        if w is not None and w < self.frontier:
+            return ListenNext("read_data_to", w + 1)
+        return ListenNext("emit_progress", self.frontier)
+
+    def data_snapshot(self, data_id: str, as_of: int):  # type: ignore[no-untyped-def]
+        """A snapshot of ``data_id`` at ``as_of``, made readable (see ``TxnsHandle.snapshot``)."""
+        if self._handle is None:
+            raise RuntimeError("this cache has no handle to apply with; use TxnsHandle.read_cache()")
+        return self._handle.data_snapshot(data_id, as_of)

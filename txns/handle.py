@@ -1,0 +1,382 @@
+"""TxnsHandle: register, commit, apply, tidy, forget, compact and read.
+
+Protocol (design.md, "txns", has the full story):
+
+- commit at ``ts``: one compare-and-append on the txns shard over
+  ``[upper, ts + 1)`` adding one entry per batch (and retracting tidied
+  entries). Its success makes the transaction durable and advances the
+  logical upper of every registered data shard to ``ts + 1``.
+- apply up to ``ts``: for each present entry in (time, shard) order,
+  compare-and-append its batches to the data shard over
+  ``[data upper, commit ts + 1)``. A data upper already past the commit time
+  means someone applied it: skip. Appends of batches are metadata only.
+- read ``d`` at ``as_of``: find the latest write to ``d`` at or before
+  ``as_of``; apply it if nobody has; fill the empty time up to ``as_of + 1``
+  with an empty append; read the data shard.
+
+Invariants:
+
+- Commits are linearized by the txns shard's upper; a data shard's upper
+  only passes a commit time by applying that commit (or by filling time
+  the txns shard proves empty for it).
+- Every write below the txns shard's since is applied (``compact_to`` never
+  advances the since past an unapplied write).
+- A tidy retraction is only committed for an entry present in the cache as
+  of the expected upper of the same compare-and-append, so each entry is
+  retracted at most once even when handles race.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Mapping
+
+from persist import (
+    InvalidUsage,
+    PersistClient,
+    ReadTimeout,
+    Schema,
+    ShardId,
+    SinceHandle,
+    UpperMismatch,
+    WriteHandle,
+)
+from persist.parts import MissingPart
+from persist.read import SnapshotPlan, fetch_plan, plan_at
+from persist.schema import check_ts
+from txns.cache import TxnsCache
+from txns.entries import TXNS_SCHEMA, Entry
+from txns.errors import NotRegistered, TimestampUnavailable
+from txns.txn import Tidy, Txn
+
+log = logging.getLogger(__name__)
+
+CRITICAL_READER = "txns-critical-since"
+TXNS_INLINE_MAX = 256 << 10
+"""Commits of up to this many bytes of entries live inline in the txns shard state (no part)."""
+
+
+class TxnsHandle:
+    """A handle on one txns shard. Any number may be open, in any number of processes.
+
+    >>> import pyarrow as pa
+    >>> from persist import PersistClient, Schema, ShardId
+    >>> client = PersistClient.open("mem://doc-txns")
+    >>> schema = Schema(key=pa.schema([("k", pa.string())]), val=pa.schema([]))
+    >>> txns = TxnsHandle.open(client, ShardId.new())
+    >>> d0, d1 = str(ShardId.new()), str(ShardId.new())
+    >>> txns.register(1, {d0: schema})
+    >>> txns.register(2, {d1: schema})
+    >>> txn = txns.begin()
+    >>> txn.write(d0, ("a",), (), 1)
+    >>> txn.write(d1, ("b",), (), 1)
+    >>> tidy = txn.commit_at(txns, 3).apply(txns)
+    >>> txns.snapshot(d1, 3)
+    [((('b',), ()), 3, 1)]
+    """
+
+    def __init__(self, client: PersistClient, txns_id: str) -> None:
+        self.client = client
+        self.txns_id = txns_id
+        self.writer: WriteHandle = client.open_writer(txns_id, TXNS_SCHEMA, inline_max_bytes=TXNS_INLINE_MAX)
+        self.cache = TxnsCache(client, txns_id, self)
+        self._since: SinceHandle | None = None
+        self._data_writers: dict[str, WriteHandle] = {}
+        self._schemas: dict[str, Schema] = {}
+        self._commits = 0
+
+    @staticmethod
+    def open(client: PersistClient, txns_id: ShardId | str, init_ts: int = 0) -> TxnsHandle:
+        """Open the txns shard ``txns_id``, initializing it (upper at ``init_ts``) if new."""
+        check_ts(init_ts, "init_ts")
+        txns_id = str(txns_id) if isinstance(txns_id, ShardId) else str(ShardId.parse(str(txns_id)))
+        client.register_schema(txns_id, TXNS_SCHEMA)
+        client.open_critical_since(txns_id, CRITICAL_READER, 0)
+        if init_ts > 0:
+            w = client.open_writer(txns_id, TXNS_SCHEMA)
+            if w.fetch_recent_upper() == 0:
+                try:
+                    w.compare_and_append([], 0, init_ts)
+                except UpperMismatch:
+                    pass
+        return TxnsHandle(client, txns_id)
+
+    # ---- views ----------------------------------------------------------------------
+
+    @property
+    def upper(self) -> int:
+        """The txns shard's upper as this handle last saw it."""
+        self.cache.sync_cached()
+        return self.cache.frontier
+
+    def read_cache(self) -> TxnsCache:
+        return self.cache
+
+    def data_schema(self, data_id: str) -> Schema:
+        """The registered schema of a data shard (InvalidUsage if it has none)."""
+        data_id = str(data_id)
+        schema = self._schemas.get(data_id)
+        if schema is None:
+            schema = self.client.shard_schema(data_id)
+            if schema is None:
+                raise NotRegistered(f"data shard {data_id} has no schema: register it with TxnsHandle.register first")
+            self._schemas[data_id] = schema
+        return schema
+
+    def data_writer(self, data_id: str) -> WriteHandle:
+        data_id = str(data_id)
+        w = self._data_writers.get(data_id)
+        if w is None:
+            w = self.client.open_writer(data_id, self.data_schema(data_id))
+            self._data_writers[data_id] = w
+        return w
+
+    # ---- registration -----------------------------------------------------------------
+
+    def register(self, register_ts: int, datas: Mapping[str | ShardId, Schema]) -> None:
+        """Register data shards (with their schemas) at ``register_ts``. Idempotent.
+
+        Raises TimestampUnavailable if a shard is not yet registered and
+        ``register_ts`` is below the txns upper.
+        """
+        check_ts(register_ts, "register_ts")
+        datas = {str(ShardId.parse(str(d))): s for d, s in datas.items()}
+        for d, schema in datas.items():
+            if not isinstance(schema, Schema):
+                raise InvalidUsage(f"register takes {{data_id: persist.Schema}}; got {type(schema).__name__} for {d}")
+            self.client.register_schema(d, schema)
+            self._schemas[d] = schema
+        while True:
+            self.cache.sync_cached()
+            new = sorted(d for d in datas if d not in self.cache.registered_now())
+            if not new:
+                return
+            upper = self.cache.frontier
+            if register_ts < upper:
+                self.cache.sync()
+                if self.cache.frontier != upper:
+                    continue
+                raise TimestampUnavailable("register", register_ts, upper)
+            for d in new:
+                du = self.data_writer(d).fetch_recent_upper()
+                if du > register_ts + 1:
+                    raise InvalidUsage(
+                        f"data shard {d} has upper {du}, past register_ts + 1 = {register_ts + 1}: it was "
+                        f"written outside the txns shard; register it at a time >= {du - 1}"
+                    )
+            updates = [Entry(register_ts, d, b"").update(register_ts, 1) for d in new]
+            if self._append(updates, upper, register_ts, token=None):
+                return
+
+    def forget(self, forget_ts: int, data_ids: Iterable[str | ShardId]) -> None:
+        """Retire data shards from the txns set at ``forget_ts``, applying their pending writes first.
+
+        Idempotent: shards not registered are skipped. Afterwards their
+        physical upper is at ``forget_ts + 1`` and they may be used directly.
+        """
+        check_ts(forget_ts, "forget_ts")
+        ids = sorted({str(ShardId.parse(str(d))) for d in data_ids})
+        while True:
+            self.cache.sync_cached()
+            regs = self.cache.registered_now()
+            todo = [d for d in ids if d in regs]
+            if not todo:
+                return
+            upper = self.cache.frontier
+            if forget_ts < upper:
+                self.cache.sync()
+                if self.cache.frontier != upper:
+                    continue
+                raise TimestampUnavailable("forget", forget_ts, upper)
+            tidy = self.apply_le(upper - 1, only=set(todo)) if upper > 0 else Tidy()
+            updates = [Entry(regs[d].register_ts, d, b"").update(forget_ts, -1) for d in todo]
+            updates += [e.update(forget_ts, -1) for e in tidy.entries if self.cache.present(e)]
+            if self._append(updates, upper, forget_ts, token=None):
+                for d in todo:
+                    self._fill(d, forget_ts)
+                return
+
+    def forget_all(self, forget_ts: int) -> None:
+        """Forget every registered data shard at ``forget_ts``."""
+        self.cache.sync()
+        self.forget(forget_ts, list(self.cache.registered_now()))
+
+    # ---- commits ---------------------------------------------------------------------
+
+    def begin(self) -> Txn:
+        """A new, empty transaction."""
+        return Txn(self)
+
+    def commit_entries(self, ts: int, adds: list[Entry], tidy: Tidy, data_ids: tuple[str, ...], token: str) -> None:
+        """Commit ``adds`` (and retract ``tidy``) at ``ts``. Used by ``Txn.commit_at``."""
+        while True:
+            self.cache.sync_cached()
+            upper = self.cache.frontier
+            if ts < upper:
+                self.cache.sync()
+                if self.cache.frontier != upper:
+                    continue
+                raise TimestampUnavailable("commit", ts, upper)
+            for d in data_ids:
+                if not self.cache.registered_at(d, ts):
+                    self.cache.sync()
+                    if not self.cache.registered_at(d, ts):
+                        raise NotRegistered(
+                            f"data shard {d} is not registered at {ts} (never registered, or forgotten); "
+                            f"register it first. Nothing was committed"
+                        )
+                    break
+            else:
+                updates = [e.update(ts, 1) for e in adds]
+                # SUBTLE: retract only entries present as of `upper`; the CaA below
+                # fails if anything (another tidy included) landed since.
+                updates += [e.update(ts, -1) for e in tidy.entries if self.cache.present(e)]
+                if self._append(updates, upper, ts, token):
+                    tidy.entries.clear()
+                    self._commits += 1
+                    if self._commits % 16 == 0:
+                        self._maybe_compact()
+                    return
+
+    def _append(self, updates: list, upper: int, ts: int, token: str | None) -> bool:
+        """CaA ``updates`` at ``[upper, ts + 1)``; False (cache caught up) if the upper moved."""
+        try:
+            self.writer.compare_and_append(updates, upper, ts + 1, token=token)
+        except UpperMismatch as e:
+            self.cache.update_ge(e.current, wait_s=0)
+            return False
+        self.cache.sync_cached()
+        return True
+
+    def tidy_at(self, ts: int, tidy: Tidy) -> None:
+        """Commit just the retractions of ``tidy`` at ``ts`` (also advancing every upper)."""
+        txn = self.begin()
+        txn.tidy(tidy)
+        txn.commit_at(self, ts)
+
+    # ---- apply -----------------------------------------------------------------------
+
+    def apply_le(self, ts: int, only: set[str] | None = None) -> Tidy:
+        """Apply every committed write at or before ``ts`` (or before the upper) to its data shard.
+
+        Anyone may call it: a crashed committer never blocks readers.
+        Returns the entries applied, to be tidied by a later commit.
+        """
+        check_ts(ts, "ts")
+        if ts >= self.cache.frontier:
+            self.cache.sync()
+        tidy = Tidy()
+        entries = self.cache.entries_le(min(ts, self.cache.frontier - 1))
+        for (at, d), group in itertools.groupby(entries, key=lambda e: (e.ts, e.data_id)):
+            group = list(group)
+            if only is not None and d not in only:
+                continue
+            self._apply_one(d, at, group)
+            tidy.entries.update(group)
+        return tidy
+
+    def _apply_one(self, data_id: str, ts: int, group: list[Entry]) -> None:
+        w = self.data_writer(data_id)
+        upper = w.upper
+        while upper <= ts:
+            batches = [e.decode_batch() for e in group]
+            try:
+                w.compare_and_append_batch(batches, upper, ts + 1)
+                return
+            except UpperMismatch as e:
+                upper = e.current  # applied by someone else (> ts), or an empty fill (<= ts)
+
+    def _fill(self, data_id: str, as_of: int) -> None:
+        """Advance the data shard's physical upper past ``as_of`` with an empty append."""
+        w = self.data_writer(data_id)
+        upper = w.upper
+        while upper <= as_of:
+            try:
+                w.compare_and_append_batch([], upper, as_of + 1)
+                return
+            except UpperMismatch as e:
+                upper = e.current
+
+    # ---- compaction ------------------------------------------------------------------
+
+    def compact_to(self, since: int) -> int:
+        """Advance the txns shard's critical since toward ``since``; never past an unapplied write.
+
+        Returns the since now held.
+        """
+        check_ts(since, "since")
+        self.cache.sync()
+        bound = min(since, max(0, self.cache.frontier - 1))
+        for e in sorted(self.cache.entries):
+            if e.ts >= bound:
+                break
+            if self.data_writer(e.data_id).upper <= e.ts:
+                bound = e.ts
+                break
+        if self._since is None:
+            self._since = self.client.open_critical_since(self.txns_id, CRITICAL_READER, 0)
+        res = self._since.compare_and_downgrade_since(self._since.opaque, self._since.opaque, bound)
+        if not res.ok:
+            res = self._since.compare_and_downgrade_since(res.opaque, res.opaque, bound)
+        return res.since
+
+    def _maybe_compact(self) -> None:
+        try:
+            self.compact_to(self.cache.frontier - 1)
+        except Exception as e:  # noqa: BLE001 - maintenance is best effort
+            log.debug("compact_to deferred: %s", e)
+
+    # ---- reads -----------------------------------------------------------------------
+
+    def unblock_read(self, data_id: str, as_of: int) -> None:
+        """Make ``data_id`` physically readable at ``as_of``: apply its latest write, fill empty time."""
+        check_ts(as_of, "as_of")
+        data_id = str(ShardId.parse(str(data_id)))
+        self.cache.update_gt(as_of)
+        if not self.cache.registered_at(data_id, as_of):
+            raise NotRegistered(
+                f"data shard {data_id} is not registered at {as_of} as far as the txns shard knows "
+                f"(since {self.cache.since}); read it at a time it was registered"
+            )
+        latest = self.cache.latest_write_le(data_id, as_of) if as_of >= self.cache.since else None
+        w = self.data_writer(data_id)
+        if latest is not None and w.upper <= latest and w.fetch_recent_upper() <= latest:
+            self.apply_le(latest)
+        self._fill(data_id, as_of)
+
+    def data_snapshot(self, data_id: str, as_of: int) -> DataSnapshot:
+        """A readable snapshot of ``data_id`` at ``as_of`` (applying and filling as needed)."""
+        self.unblock_read(data_id, as_of)
+        return DataSnapshot(self, str(data_id), as_of)
+
+    def snapshot(self, data_id: str | ShardId, as_of: int) -> list:
+        """The contents of ``data_id`` at ``as_of``: consolidated ``((key, val), as_of, diff)``."""
+        return self.data_snapshot(str(data_id), as_of).snapshot_and_fetch()
+
+
+class DataSnapshot:
+    """A data shard at ``as_of``, known readable. ``snapshot_and_fetch()`` reads it; ``plan()`` plans it."""
+
+    def __init__(self, handle: TxnsHandle, data_id: str, as_of: int) -> None:
+        self.handle, self.data_id, self.as_of = handle, data_id, as_of
+
+    def plan(self) -> SnapshotPlan:
+        w = self.handle.data_writer(self.data_id)
+        state = w.machine.state()
+        if state.upper <= self.as_of:
+            state = w.machine.fetch()
+        if state.upper <= self.as_of:
+            raise ReadTimeout(f"data shard {self.data_id} upper {state.upper} is not past {self.as_of}", state.upper)
+        return plan_at(state, w.schema, self.as_of)
+
+    def snapshot_and_fetch(self) -> list:
+        for attempt in range(3):
+            try:
+                return fetch_plan(self.handle.client.blob, self.plan())
+            except MissingPart:
+                # a part retired by compaction after we planned: plan again from fresh state
+                self.handle.data_writer(self.data_id).machine.fetch()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")

@@ -1,0 +1,187 @@
+"""Transactions: buffered writes to many data shards, committed together.
+
+A :class:`Txn` gathers writes per data shard in persist batch builders (so
+it spills to blob storage at the part size: bounded memory for any size).
+``commit_at`` writes the batches (at time 0), re-timestamps them to the
+commit time (metadata only) and commits pointers to them with one
+compare-and-append on the txns shard. If the time is taken, it raises
+``TimestampUnavailable`` and stays valid: committing again at a later time
+re-timestamps the same batches without rewriting any data.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch
+from persist.codec import KIND_TXN, frame, unframe
+from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
+from txns.entries import Entry
+
+if TYPE_CHECKING:
+    from txns.handle import TxnsHandle
+
+
+@dataclass
+class Tidy:
+    """Applied entries to retract from the txns shard. Ride along on a later commit with ``txn.tidy``."""
+
+    entries: set[Entry] = field(default_factory=set)
+
+    def merge(self, other: Tidy) -> None:
+        self.entries |= other.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass(frozen=True)
+class TxnApply:
+    """A committed transaction, to be applied with :meth:`apply`."""
+
+    commit_ts: int
+    data_ids: tuple[str, ...]
+
+    def apply(self, handle: TxnsHandle) -> Tidy:
+        """Apply this transaction (and everything committed before it) to the data shards."""
+        return handle.apply_le(self.commit_ts)
+
+
+class Txn:
+    """A write-only transaction over any number of registered data shards.
+
+    Start one with ``TxnsHandle.begin()``. See :mod:`txns` for an example.
+    """
+
+    def __init__(self, handle: TxnsHandle | None = None) -> None:
+        self.id = uuid.uuid4().hex
+        self._handle = handle
+        self._builders: dict[str, BatchBuilder] = {}
+        self._batches: dict[str, list[Batch]] = {}
+        self._tidy = Tidy()
+
+    # ---- building ---------------------------------------------------------------
+
+    def _bind(self, handle: TxnsHandle) -> None:
+        if self._handle is None:
+            self._handle = handle
+
+    def write(self, data_id: str, key: tuple, val: tuple, diff: int) -> None:
+        """Add the update ``(key, val)`` with multiplicity ``diff`` to ``data_id``.
+
+        ``key`` and ``val`` are tuples matching the data shard's schema (as
+        registered); a mismatch raises SchemaMismatch and adds nothing.
+        """
+        if self._handle is None:
+            raise InvalidUsage("this transaction is not bound to a handle; create it with TxnsHandle.begin()")
+        data_id = str(data_id)
+        if isinstance(diff, bool) or not isinstance(diff, int) or not DIFF_MIN <= diff <= DIFF_MAX:
+            raise InvalidUsage(f"diff must be a signed 64-bit int, got {diff!r}")
+        builder = self._builders.get(data_id)
+        if builder is None:
+            schema = self._handle.data_schema(data_id)
+            check_row(schema, key, val)
+            builder = self._handle.data_writer(data_id).builder(0, 1)
+            self._builders[data_id] = builder
+        else:
+            check_row(builder.schema, key, val)
+        builder.add(key, val, 0, diff)
+
+    def write_batch(self, data_id: str, batch: Batch) -> None:
+        """Add a batch written earlier (for example by Spark executors) to ``data_id``.
+
+        Its update times are all advanced to the commit time.
+        """
+        data_id = str(data_id)
+        if not isinstance(batch, Batch):
+            raise InvalidUsage(f"write_batch takes a persist.Batch, got {type(batch).__name__}")
+        if batch.shard_id != data_id:
+            raise InvalidUsage(f"batch {batch.id} was written for shard {batch.shard_id}, not {data_id}")
+        if self._handle is not None:
+            schema = self._handle.data_schema(data_id)
+            if batch.schema_text != schema.to_text():
+                raise SchemaMismatch(
+                    f"batch {batch.id} was written with a schema other than data shard {data_id}'s "
+                    f"({schema.describe()})"
+                )
+        self._batches.setdefault(data_id, []).append(batch)
+
+    def tidy(self, tidy: Tidy) -> None:
+        """Retract these applied entries as part of this transaction's commit."""
+        self._tidy.merge(tidy)
+
+    def merge(self, other: Txn) -> None:
+        """Move everything of ``other`` into this transaction. ``other`` must not be used after."""
+        other._finish_builders()
+        self._finish_builders()
+        for d, bs in other._batches.items():
+            self._batches.setdefault(d, []).extend(bs)
+        self._tidy.merge(other._tidy)
+        if self._handle is None:
+            self._handle = other._handle
+        other._batches, other._tidy = {}, Tidy()
+
+    def _finish_builders(self) -> None:
+        for d, b in self._builders.items():
+            batch = b.finish()
+            if batch.rows:
+                self._batches.setdefault(d, []).append(batch)
+        self._builders = {}
+
+    @property
+    def data_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self._batches) | set(self._builders)))
+
+    def batches(self) -> dict[str, list[Batch]]:
+        """The written batches per data shard (finishing any buffered writes)."""
+        self._finish_builders()
+        return {d: list(bs) for d, bs in self._batches.items()}
+
+    # ---- moving between processes ------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """This uncommitted transaction as bytes (buffered writes are written out first)."""
+        self._finish_builders()
+        j = {
+            "id": self.id,
+            "batches": {d: [base64.b64encode(b.to_bytes()).decode() for b in bs] for d, bs in self._batches.items()},
+            "tidy": [[e.ts, e.data_id, base64.b64encode(e.batch).decode()] for e in sorted(self._tidy.entries)],
+        }
+        return frame(KIND_TXN, json.dumps(j, separators=(",", ":")).encode())
+
+    @staticmethod
+    def from_bytes(data: bytes, handle: TxnsHandle | None = None) -> Txn:
+        """A transaction from :meth:`to_bytes`; bound to ``handle`` if given (else at commit)."""
+        j = json.loads(unframe("serialized txn", data, KIND_TXN))
+        txn = Txn(handle)
+        txn.id = j["id"]
+        txn._batches = {d: [Batch.from_bytes(base64.b64decode(b)) for b in bs] for d, bs in j["batches"].items()}
+        txn._tidy = Tidy({Entry(ts, d, base64.b64decode(b)) for ts, d, b in j["tidy"]})
+        return txn
+
+    # ---- committing ----------------------------------------------------------------
+
+    def commit_at(self, handle: TxnsHandle, commit_ts: int) -> TxnApply:
+        """Commit atomically at ``commit_ts``; return a :class:`TxnApply` to apply it.
+
+        Raises TimestampUnavailable (with ``.upper``) if the txns shard is
+        past ``commit_ts``, and NotRegistered if a written shard is not
+        registered at ``commit_ts``; nothing is committed then, and this
+        transaction can be committed again at a later time.
+        """
+        check_ts(commit_ts, "commit_ts")
+        self._bind(handle)
+        self._finish_builders()
+        adds = [
+            Entry(commit_ts, d, b.rewrite_ts(commit_ts, upper=commit_ts + 1).to_bytes())
+            for d in sorted(self._batches)
+            for b in self._batches[d]
+            if b.rows
+        ]
+        data_ids = tuple(sorted(self._batches))
+        handle.commit_entries(commit_ts, adds, self._tidy, data_ids, token=f"txn-{self.id}-{commit_ts}")
+        return TxnApply(commit_ts, data_ids)
