@@ -110,6 +110,22 @@ class Txn:
                 )
         self._batches.setdefault(data_id, []).append(batch)
 
+    def write_dataframe(self, data_id: str, df: object) -> None:
+        """Write a Spark DataFrame to ``data_id`` in this transaction (see :func:`txns.spark.write_batch`).
+
+        Executors write the parts straight into blob storage; only part
+        descriptors come back to the driver. Columns are matched by name to
+        the shard's key and val fields; an optional ``diff`` column gives
+        multiplicities (default 1).
+        """
+        if self._handle is None:
+            raise InvalidUsage("this transaction is not bound to a handle; create it with TxnsHandle.begin()")
+        from txns.spark import write_batch  # Spark is imported only where used
+
+        data_id = str(data_id)
+        batch = write_batch(df, self._handle.client.url, data_id, self._handle.data_schema(data_id))
+        self.write_batch(data_id, batch)
+
     def tidy(self, tidy: Tidy) -> None:
         """Retract these applied entries as part of this transaction's commit."""
         self._tidy.merge(tidy)
