@@ -1,0 +1,416 @@
+"""S3 and S3-compatible backends: ``s3://BUCKET/PREFIX``.
+
+Layout under the location's prefix::
+
+    <prefix>/blob/<key>                              one object per blob key
+    <prefix>/consensus/<key>/<20-digit seqno>        one object per version
+
+Consensus compare-and-set is one conditional PUT of version ``expected + 1``
+with ``If-None-Match: *`` (put-if-absent); the store is the arbiter among
+racing writers. A lost race comes back as HTTP 412 (``PreconditionFailed``) or
+409 (``ConditionalRequestConflict``) and is returned as
+:data:`CaSResult.MISMATCH`. There is no read on the happy path, so the
+expectation is not checked against the head: see the SUBTLE note on
+:class:`persist.location.Consensus` for what that means for callers.
+
+SUBTLE: botocore retries a request after a timeout or a 5xx. A conditional PUT
+whose first attempt landed but timed out is retried and gets 412 back: that
+MISMATCH is indistinguishable from a lost race, so the layer above checks its
+idempotency token after any MISMATCH. For the same reason a write whose last
+attempt failed "determinately" (connection refused) is reported
+``Indeterminate`` when an earlier attempt was sent: we count attempts per call
+with a ``before-send`` hook (see :func:`classify`).
+
+Credentials come from boto3's standard chain (environment, shared config
+files, instance or container roles). This module never logs nor stores them.
+Both backends of one location share one boto3 client (clients are
+thread-safe).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+from botocore.exceptions import (
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
+
+from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
+from persist.location import Blob, CaSResult, Consensus, VersionedData, next_seqno
+
+#: Client configuration, in one place. Timeouts bound every request; retries
+#: are few because the layer above retries persist operations itself.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+MAX_ATTEMPTS = 3
+
+_SEQNO_RE = re.compile(r"^[0-9]{20}$")
+_DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
+_MAX_RELISTS = 100
+_MISMATCH_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
+_MISMATCH_STATUSES = frozenset({409, 412})
+
+T = TypeVar("T")
+
+
+class _AttemptCounter(threading.local):
+    """HTTP attempts made by the current thread's current boto3 call."""
+
+    count = 0
+
+
+_ATTEMPTS = _AttemptCounter()
+
+
+def _count_attempt(**_kwargs: Any) -> None:
+    _ATTEMPTS.count += 1
+
+
+def make_client(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    *,
+    max_attempts: int = MAX_ATTEMPTS,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
+    read_timeout: float = READ_TIMEOUT_S,
+) -> Any:
+    """A boto3 S3 client configured for persist.
+
+    With a custom ``endpoint_url`` (MinIO, moto, R2, ...) it uses path-style
+    addressing, which every S3-compatible store supports.
+    """
+    config = botocore.config.Config(
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
+        s3={"addressing_style": "path"} if endpoint_url else None,
+    )
+    session = boto3.session.Session()
+    client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+    client.meta.events.register(
+        "before-send.s3", _count_attempt, unique_id="persist-count-attempts"
+    )
+    return client
+
+
+def _status(exc: ClientError) -> int | None:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return int(status) if status is not None else None
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def classify(
+    exc: BaseException, op_is_write: bool, what: str = "s3 request", attempts: int = 1
+) -> ExternalError:
+    """The persist error for a failed boto3 call. The one place that decides.
+
+    - A read-only operation never changed anything: always ``Determinate``.
+    - A write is ``Determinate`` only when no attempt can have reached the
+      store: the connection was refused or timed out before sending, the
+      request was rejected locally (bad parameters, no credentials), or the
+      store answered with a 4xx rejection, and in every case only if this was
+      the first attempt (``attempts``; an earlier attempt may have landed).
+    - Everything else for a write (read timeouts, closed connections, 5xx,
+      anything unknown) is ``Indeterminate``.
+
+    ``what`` names the operation and object for the message. Messages carry
+    the botocore error text, which never contains credentials.
+    """
+    message = f"{what} failed: {exc}"
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        message += (
+            " (configure credentials through the standard AWS chain, e.g. "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+        )
+    if not op_is_write:
+        return Determinate(message)
+    never_sent = isinstance(
+        exc,
+        (
+            EndpointConnectionError,
+            ConnectTimeoutError,
+            NoCredentialsError,
+            PartialCredentialsError,
+            ParamValidationError,
+        ),
+    )
+    rejected = (
+        isinstance(exc, ClientError)
+        and (status := _status(exc)) is not None
+        and 400 <= status < 500
+    )
+    if (never_sent or rejected) and attempts <= 1:
+        return Determinate(message)
+    return Indeterminate(message)
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
+
+
+class _S3Base:
+    """What both backends share: the client, the bucket, the key prefix."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str, area: str) -> None:
+        self._client = client
+        self._bucket = bucket
+        self._base = _join(prefix.strip("/"), area) + "/"
+
+    def _call(self, fn: Callable[..., T], what: str, write: bool, **kwargs: Any) -> T:
+        """Run one boto3 call, translating failures with :func:`classify`."""
+        _ATTEMPTS.count = 0
+        try:
+            return fn(**kwargs)
+        except Exception as e:
+            raise classify(e, write, what, _ATTEMPTS.count) from e
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self._bucket}/{key}"
+
+    def _get_bytes(self, key: str, what: str) -> bytes | None:
+        """The object at the full S3 ``key``, or None if it does not exist."""
+        try:
+            resp = self._client.get_object(Bucket=self._bucket, Key=key)
+        except ClientError as e:
+            missing_key = _code(e) in ("NoSuchKey", "404") or _status(e) == 404
+            if missing_key and _code(e) != "NoSuchBucket":
+                return None
+            raise classify(e, False, what) from e
+        except Exception as e:
+            raise classify(e, False, what) from e
+        body = resp["Body"]
+        try:
+            return bytes(body.read())
+        except Exception as e:
+            raise classify(e, False, what) from e
+        finally:
+            body.close()
+
+    def _list(
+        self, prefix: str, what: str, delimiter: str | None = None, start_after: str | None = None
+    ) -> Iterator[str]:
+        """Full keys under ``prefix``, ascending, page by page."""
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": prefix}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        while True:
+            page = self._call(self._client.list_objects_v2, what, False, **kwargs)
+            for obj in page.get("Contents", []):
+                yield str(obj["Key"])
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            kwargs["ContinuationToken"] = token
+
+    def close(self) -> None:
+        """Release the shared client's pooled connections.
+
+        The other backend of the same location keeps working: botocore opens
+        new connections on its next request.
+        """
+        self._client.close()
+
+
+class S3Blob(_S3Base, Blob):
+    """Blobs as objects under ``<prefix>/blob/``."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        super().__init__(client, bucket, prefix, "blob")
+
+    def get(self, key: str) -> bytes | None:
+        full = self._base + key
+        return self._get_bytes(full, f"s3 blob get {self._where(full)}")
+
+    def set(self, key: str, value: bytes) -> None:
+        full = self._base + key
+        self._call(
+            self._client.put_object,
+            f"s3 blob set {self._where(full)}",
+            True,
+            Bucket=self._bucket,
+            Key=full,
+            Body=bytes(value),
+        )
+
+    def delete(self, key: str) -> None:
+        full = self._base + key
+        self._call(
+            self._client.delete_object,
+            f"s3 blob delete {self._where(full)}",
+            True,
+            Bucket=self._bucket,
+            Key=full,
+        )
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        full = self._base + prefix
+        keys = [
+            k[len(self._base) :] for k in self._list(full, f"s3 blob list_keys {self._where(full)}")
+        ]
+        return iter(keys)
+
+
+class S3Consensus(_S3Base, Consensus):
+    """Versions as objects under ``<prefix>/consensus/<key>/<20-digit seqno>``."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        super().__init__(client, bucket, prefix, "consensus")
+
+    def _dir(self, key: str) -> str:
+        return f"{self._base}{key}/"
+
+    def _seqnos(
+        self, key: str, what: str, from_seqno: int = 1, limit: int | None = None
+    ) -> list[int]:
+        """Seqnos of ``key`` that are >= ``from_seqno``, ascending, at most ``limit``."""
+        d = self._dir(key)
+        start_after = f"{d}{from_seqno - 1:020d}" if from_seqno > 1 else None
+        out: list[int] = []
+        # The delimiter keeps the versions of a nested key (``key/sub``) out.
+        for full in self._list(d, what, delimiter="/", start_after=start_after):
+            name = full[len(d) :]
+            if _SEQNO_RE.match(name):
+                out.append(int(name))
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def head(self, key: str) -> VersionedData | None:
+        what = f"s3 consensus head {self._where(self._dir(key))}"
+        for _ in range(_MAX_RELISTS):
+            seqnos = self._seqnos(key, what)
+            if not seqnos:
+                return None
+            data = self._get_bytes(f"{self._dir(key)}{seqnos[-1]:020d}", what)
+            if data is not None:
+                return VersionedData(seqnos[-1], data)
+            # A newer head was written and a truncate passed this one: re-list.
+        raise Determinate(f"{what}: versions kept vanishing while reading")
+
+    def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:
+        full = f"{self._dir(key)}{next_seqno(expected):020d}"
+        what = f"s3 consensus compare_and_set {self._where(full)}"
+        _ATTEMPTS.count = 0
+        try:
+            self._client.put_object(
+                Bucket=self._bucket, Key=full, Body=bytes(data), IfNoneMatch="*"
+            )
+        except ClientError as e:
+            if _code(e) in _MISMATCH_CODES or _status(e) in _MISMATCH_STATUSES:
+                return CaSResult.MISMATCH
+            raise classify(e, True, what, _ATTEMPTS.count) from e
+        except Exception as e:
+            raise classify(e, True, what, _ATTEMPTS.count) from e
+        return CaSResult.COMMITTED
+
+    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
+        if limit <= 0:
+            return []
+        what = f"s3 consensus scan {self._where(self._dir(key))}"
+        for _ in range(_MAX_RELISTS):
+            out: list[VersionedData] = []
+            for s in self._seqnos(key, what, from_seqno=max(from_seqno, 1), limit=limit):
+                data = self._get_bytes(f"{self._dir(key)}{s:020d}", what)
+                if data is None:
+                    break  # a concurrent truncate: list again for a consistent answer
+                out.append(VersionedData(s, data))
+            else:
+                return out
+        raise Determinate(f"{what}: versions kept vanishing while reading")
+
+    def truncate(self, key: str, seqno: int) -> int:
+        what = f"s3 consensus truncate {self._where(self._dir(key))}"
+        seqnos = self._seqnos(key, what)
+        if not seqnos or seqno > seqnos[-1]:
+            head = seqnos[-1] if seqnos else None
+            raise InvalidUsage(
+                f"cannot truncate {key!r} to seqno {seqno}: it would delete the latest "
+                f"version (head seqno {head}); truncate to at most the head seqno"
+            )
+        doomed = [f"{self._dir(key)}{s:020d}" for s in seqnos if s < seqno]
+        deleted = 0
+        for i in range(0, len(doomed), _DELETE_BATCH):
+            batch = doomed[i : i + _DELETE_BATCH]
+            resp = self._call(
+                self._client.delete_objects,
+                what,
+                True,
+                Bucket=self._bucket,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            errors = resp.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise Indeterminate(
+                    f"{what} to {seqno}: {len(errors)} deletes failed, first "
+                    f"{first.get('Key')!r}: {first.get('Code')} {first.get('Message')}"
+                )
+            deleted += len(batch)
+        return deleted
+
+    def list_keys(self) -> Iterator[str]:
+        keys: set[str] = set()
+        for full in self._list(self._base, f"s3 consensus list_keys {self._where(self._base)}"):
+            rest = full[len(self._base) :]
+            key, sep, name = rest.rpartition("/")
+            if sep and _SEQNO_RE.match(name):
+                keys.add(key)
+        return iter(sorted(keys))
+
+
+def open_s3(
+    bucket: str,
+    prefix: str = "",
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    **client_options: Any,
+) -> tuple[S3Blob, S3Consensus]:
+    """Blob and consensus backends in ``bucket`` under ``prefix``, sharing one client.
+
+    Checks that the bucket exists and is reachable with the current
+    credentials; raises ``InvalidUsage`` saying what to fix if not.
+    """
+    client = make_client(endpoint_url, region, **client_options)
+    where = f"s3://{bucket}" + (f" at {endpoint_url}" if endpoint_url else "")
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as e:
+        client.close()
+        status = _status(e)
+        if status == 404 or _code(e) in ("NoSuchBucket", "404"):
+            raise InvalidUsage(
+                f"bucket {bucket!r} does not exist ({where}); create it first "
+                f"(e.g. `aws s3 mb s3://{bucket}`) or fix the bucket name in the URL"
+            ) from e
+        if status in (401, 403):
+            raise InvalidUsage(
+                f"access to bucket {bucket!r} denied ({where}); check the credentials "
+                f"found by the standard AWS chain and the bucket policy"
+            ) from e
+        raise classify(e, False, f"checking bucket {bucket!r} ({where})") from e
+    except (NoCredentialsError, PartialCredentialsError) as e:
+        client.close()
+        raise InvalidUsage(
+            f"no usable AWS credentials to open bucket {bucket!r} ({where}); set them "
+            f"through the standard AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+            f"~/.aws/credentials or an instance role)"
+        ) from e
+    except Exception as e:
+        client.close()
+        raise classify(e, False, f"checking bucket {bucket!r} ({where})") from e
+    return S3Blob(client, bucket, prefix), S3Consensus(client, bucket, prefix)
