@@ -12,6 +12,7 @@ any size.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,10 +22,11 @@ import pyarrow as pa
 
 from persist.codec import KIND_BATCH, frame, unframe
 from persist.config import PersistConfig
-from persist.errors import InvalidUsage
+from persist.errors import ExternalError, InvalidUsage
 from persist.location import Blob
+from persist.machine import _backoff
 from persist.parts import PartRef, Run, encode_inline, sort_updates, write_part
-from persist.schema import CLOSED, Schema, check_table, check_ts, check_upper, rows_to_table
+from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
 
 _CHUNK_ROWS = 8192
 
@@ -42,7 +44,10 @@ class Batch:
     lower: int
     upper: int
     runs: tuple[Run, ...]
-    schema_text: str
+    schema_text: str  # the schema's text or its fingerprint; kept as the fingerprint
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schema_text", schema_fingerprint(self.schema_text))
 
     @property
     def rows(self) -> int:
@@ -82,7 +87,7 @@ class Batch:
             "lower": self.lower,
             "upper": self.upper,
             "runs": [r.to_json() for r in self.runs],
-            "schema": self.schema_text,
+            "schema": schema_fingerprint(self.schema_text),
         }
         return frame(KIND_BATCH, json.dumps(j, separators=(",", ":")).encode())
 
@@ -90,6 +95,10 @@ class Batch:
     def from_bytes(data: bytes) -> Batch:
         j = json.loads(unframe("serialized batch", data, KIND_BATCH))
         return Batch(j["shard_id"], j["id"], j["lower"], j["upper"], tuple(Run.from_json(r) for r in j["runs"]), j["schema"])
+
+    def same_schema(self, schema_text: str) -> bool:
+        """Whether this batch was written with the schema whose text is ``schema_text``."""
+        return schema_fingerprint(self.schema_text) == schema_fingerprint(schema_text)
 
     def delete(self, blob: Blob) -> None:
         """Delete this batch's parts. Only for a batch that was never appended."""
@@ -136,8 +145,11 @@ class BatchBuilder:
             self._take_rows()
 
     def add_updates(self, updates: Iterable) -> None:
-        for (key, val), ts, diff in updates:
-            self.add(key, val, ts, diff)
+        """Add updates ``((key, val), ts, diff)``; their shape is checked when rows are taken."""
+        for upd in updates:
+            self._rows.append(upd)
+            if len(self._rows) >= _CHUNK_ROWS:
+                self._take_rows()
 
     def add_table(self, table: pa.Table) -> None:
         """Add rows given as Arrow (key and val columns by name, ``ts``, ``diff``)."""
@@ -186,7 +198,27 @@ class BatchBuilder:
         pending = [f for f in self._parts if not f.done()]
         if len(pending) >= self.config.upload_parallelism:
             pending[0].result()
-        self._parts.append(self._pool.submit(write_part, self.blob, self.shard_id, table))
+        self._parts.append(self._pool.submit(self._upload, table))
+
+    def _upload(self, table: pa.Table) -> PartRef:
+        """Write one part, retrying storage failures until ``retry_deadline_s`` (as every persist write does).
+
+        SUBTLE: a failed upload is kept in its future, and ``finish`` re-raises
+        it on every call: without this retry, one transient blob error made the
+        batch (and a transaction buffering it) impossible to ever finish. A
+        retry is safe: each attempt writes a fresh key (a failed attempt can at
+        worst leak an unreferenced part, for ``PersistClient.gc_leaked``).
+        """
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        attempt = 0
+        while True:
+            try:
+                return write_part(self.blob, self.shard_id, table)
+            except ExternalError:
+                attempt += 1
+                if time.monotonic() > deadline:
+                    raise
+                _backoff(attempt)
 
     def finish(self) -> Batch:
         """Flush what is buffered, wait for every upload, and return the batch."""

@@ -270,7 +270,7 @@ class FileConsensus(Consensus):
     def _version_path(directory: Path, seqno: int) -> Path:
         return directory / f"{seqno:020d}"
 
-    def head(self, key: str) -> VersionedData | None:
+    def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         d = self._dir(key)
         try:
             for _ in range(_MAX_RELISTS):

@@ -101,8 +101,12 @@ class Consensus(ABC):
     """
 
     @abstractmethod
-    def head(self, key: str) -> VersionedData | None:
-        """The latest version of ``key``, or None if it has none."""
+    def head(self, key: str, hint: int | None = None) -> VersionedData | None:
+        """The latest version of ``key``, or None if it has none.
+
+        ``hint``: a seqno the caller saw; the head is at least it. Backends
+        that list versions may start there (the result must not depend on it).
+        """
 
     @abstractmethod
     def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:

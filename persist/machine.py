@@ -62,7 +62,8 @@ class Machine:
         while True:
             started = time.monotonic()
             try:
-                head = self.consensus.head(self.key)
+                hint = self._state.seqno if self._state is not None else None
+                head = self.consensus.head(self.key, hint)
             except ExternalError:
                 attempt += 1
                 if time.monotonic() > deadline:

@@ -46,7 +46,7 @@ class MemConsensus(Consensus):
         self._lock = threading.Lock()
         self._data: dict[str, list[VersionedData]] = {}
 
-    def head(self, key: str) -> VersionedData | None:
+    def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         with self._lock:
             versions = self._data.get(key)
             return versions[-1] if versions else None

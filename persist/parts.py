@@ -51,12 +51,20 @@ class PartRef:
 
 @dataclass(frozen=True)
 class Run:
-    """Parts and inline rows that share one ``ts_rewrite``."""
+    """Parts and inline rows that share one ``ts_rewrite``.
+
+    ``distinct_kv``: no two rows of the run (over all its parts and inline
+    rows) have the same ``(key, val)``, whatever their times, and no diff is
+    zero. A snapshot that reads only such a run needs no consolidation
+    (compaction sets it when every merged time was advanced to one since).
+    Re-timestamping keeps it: it changes times only.
+    """
 
     parts: tuple[PartRef, ...] = ()
     inline: bytes | None = None
     rows: int = 0
     ts_rewrite: int | None = None
+    distinct_kv: bool = False
 
     @property
     def size(self) -> int:
@@ -64,7 +72,7 @@ class Run:
 
     def rewritten(self, ts: int) -> Run:
         new = ts if self.ts_rewrite is None else max(ts, self.ts_rewrite)
-        return Run(self.parts, self.inline, self.rows, new)
+        return Run(self.parts, self.inline, self.rows, new, self.distinct_kv)
 
     def to_json(self) -> dict:
         j: dict = {"rows": self.rows}
@@ -74,6 +82,8 @@ class Run:
             j["inline"] = base64.b64encode(self.inline).decode()
         if self.ts_rewrite is not None:
             j["ts_rewrite"] = self.ts_rewrite
+        if self.distinct_kv:
+            j["distinct_kv"] = True
         return j
 
     @staticmethod
@@ -83,6 +93,7 @@ class Run:
             inline=base64.b64decode(j["inline"]) if "inline" in j else None,
             rows=j["rows"],
             ts_rewrite=j.get("ts_rewrite"),
+            distinct_kv=j.get("distinct_kv", False),
         )
 
 
@@ -152,15 +163,20 @@ class MissingPart(Exception):
 
 
 def encode_inline(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
+    """``table`` as one Arrow IPC record batch message, without the schema.
+
+    The reader always knows the shard's schema, so the (often larger than
+    the rows) schema message is left out: small commits stay small.
+    """
+    batches = table.combine_chunks().to_batches()
+    batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    return batch.serialize().to_pybytes()
 
 
 def decode_inline(data: bytes, schema: pa.Schema) -> pa.Table:
-    with pa.ipc.open_stream(pa.py_buffer(data)) as r:
-        return r.read_all().cast(schema)
+    """The rows of :func:`encode_inline`'s bytes, read with the shard's ``schema``."""
+    batch = pa.ipc.read_record_batch(pa.py_buffer(data), schema)
+    return pa.Table.from_batches([batch], schema=schema)
 
 
 def apply_rewrite(table: pa.Table, ts_rewrite: int | None) -> pa.Table:

@@ -290,10 +290,16 @@ class S3Consensus(_S3Base, Consensus):
                     break
         return out
 
-    def head(self, key: str) -> VersionedData | None:
+    def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         what = f"s3 consensus head {self._where(self._dir(key))}"
         for _ in range(_MAX_RELISTS):
-            seqnos = self._seqnos(key, what)
+            # With a hint, list from it: one short page instead of every
+            # version kept for the retention period. Versions only grow, so
+            # the head is at or past the hint; an empty answer means the hint
+            # was wrong, and the full listing decides.
+            seqnos = self._seqnos(key, what, from_seqno=hint) if hint and hint > 1 else []
+            if not seqnos:
+                seqnos = self._seqnos(key, what)
             if not seqnos:
                 return None
             data = self._get_bytes(f"{self._dir(key)}{seqnos[-1]:020d}", what)

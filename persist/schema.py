@@ -10,6 +10,7 @@ parts the key and val fields become columns of the same names, followed by
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass
@@ -116,6 +117,16 @@ class Schema:
         key = ", ".join(f"{f.name}: {f.type}" for f in self.key)
         val = ", ".join(f"{f.name}: {f.type}" for f in self.val)
         return f"key({key}) val({val})"
+
+
+def schema_fingerprint(schema_text: str) -> str:
+    """A short, stable name of a schema (its serialized text), for batches to carry.
+
+    A fingerprint maps to itself, so either form may be passed.
+    """
+    if schema_text.startswith("fp:"):
+        return schema_text
+    return "fp:" + hashlib.sha256(schema_text.encode()).hexdigest()[:24]
 
 
 def check_ts(ts: object, what: str = "timestamp") -> int:

@@ -299,9 +299,9 @@ class CountingConsensus(_Wrapper, Consensus):
         self.counters = counters if counters is not None else Counters()
         self._faults = None
 
-    def head(self, key: str) -> VersionedData | None:
+    def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         return self._run(
-            Op.HEAD, repr(key), lambda: self.inner.head(key), read=lambda r: len(r.data) if r else 0
+            Op.HEAD, repr(key), lambda: self.inner.head(key, hint), read=lambda r: len(r.data) if r else 0
         )
 
     def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:

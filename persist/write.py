@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 from persist.batch import Batch, BatchBuilder
-from persist.compact import merge_batches
+from persist.compact import apply_merged, merge_batches
 from persist.config import PersistConfig
-from persist.errors import ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch
+from persist.errors import CorruptObject, ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch
 from persist.location import Blob
 from persist.machine import Machine
 from persist.parts import MissingPart
@@ -46,6 +46,10 @@ class WriteHandle:
     ) -> None:
         self.blob, self.machine, self.schema, self.config = blob, machine, schema, config
         self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
+        #: compaction output up to this size stays inline in the state
+        self.compaction_inline_max_bytes = self.inline_max_bytes
+        #: run :meth:`maintain` after each non-empty append (else the owner calls it)
+        self.auto_maintain = True
         self.shard_id = machine.shard_id
         self.writer_id = "w" + uuid.uuid4().hex
         self.schema_text = schema.to_text()
@@ -114,7 +118,7 @@ class WriteHandle:
         for b in batches:
             if b.shard_id != self.shard_id:
                 raise InvalidUsage(f"batch {b.id} was written for shard {b.shard_id}, not {self.shard_id}")
-            if b.schema_text != self.schema_text:
+            if not b.same_schema(self.schema_text):
                 raise SchemaMismatch(f"batch {b.id} was written with a different schema than shard {self.shard_id}'s")
             if b.lower < expected_upper or b.upper > new_upper:
                 raise InvalidUsage(
@@ -134,7 +138,7 @@ class WriteHandle:
             return None, True
 
         self.machine.apply(transition)
-        if runs:
+        if runs and self.auto_maintain:
             self.maintain()
 
     def close_shard(self) -> None:
@@ -156,6 +160,10 @@ class WriteHandle:
             self.collect_garbage()
         except (ExternalError, MissingPart) as e:
             log.debug("maintenance of %s deferred: %s", self.shard_id, e)
+        except CorruptObject as e:
+            # SUBTLE: the append that asked for this maintenance has committed;
+            # raising would tell the caller it failed. Readers report the damage.
+            log.warning("maintenance of %s skipped: %s", self.shard_id, e)
 
     def compact(self, max_rounds: int = 4) -> int:
         """Run up to ``max_rounds`` compactions the policy asks for. Returns how many applied."""
@@ -165,27 +173,25 @@ class WriteHandle:
             inputs = state.compaction_request(self.config.compaction_max_bytes)
             if not inputs:
                 break
-            merged = merge_batches(self.blob, self.shard_id, self.schema.arrow, inputs, state.since, self.config)
-            ids = [b.id for b in inputs]
-            merged_keys = {p.key for r in merged.runs for p in r.parts}
-
-            def transition(s: ShardState) -> tuple[bool, bool]:
-                # SUBTLE: after an indeterminate CAS the machine re-runs this on a
-                # fresh state. If our merge already committed, its parts are live
-                # (or retired with a grace period): report success so they are not
-                # deleted below.
-                if any(b.id == merged.id for b in s.batches) or any(k in merged_keys for k, _ in s.garbage):
-                    return True, False
-                ok = s.apply_compaction(ids, merged, self.config.clock_ms())
-                return ok, ok
-
-            if self.machine.apply(transition):
-                applied += 1
-            else:
-                for r in merged.runs:
-                    for p in r.parts:
-                        self.blob.delete(p.key)
+            try:
+                merged = merge_batches(
+                    self.blob,
+                    self.shard_id,
+                    self.schema.arrow,
+                    inputs,
+                    state.since,
+                    self.config,
+                    self.compaction_inline_max_bytes,
+                )
+            except MissingPart as e:
+                # A stale cached state's part may have been retired and deleted
+                # since; a part that a fresh state still references is lost.
+                if e.key in self.machine.fetch().part_keys():
+                    raise CorruptObject(e.key, "a part the shard references is missing from blob storage") from None
                 break
+            if not apply_merged(self.blob, self.machine, inputs, merged, self.config):
+                break
+            applied += 1
         return applied
 
     def collect_garbage(self) -> int:

@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -71,16 +72,30 @@ class TxnsCache:
 
     def _start(self) -> None:
         client, txns_id = self.client, self.txns_id
-        self.reader: ReadHandle = client.open_leased_reader(txns_id, TXNS_SCHEMA)
+        reader = client.open_leased_reader(txns_id, TXNS_SCHEMA)
+        state = reader.machine.state()
+        # SUBTLE: read the snapshot before resetting anything. On a restart (our
+        # lease lapsed) a storage error here used to leave this cache emptied
+        # (no entries, no registrations) at its old frontier, with the new
+        # reader in place so it never restarted again: it then carried on as if
+        # no write were pending, and compact_to advanced the since past
+        # unapplied writes (reads below it then filled over them: lost writes).
+        # Now a failure keeps the old, lapsed reader and the next use restarts.
+        try:
+            snapshot = reader.snapshot_and_fetch(reader.since) if state.upper > reader.since else None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                reader.expire()
+            raise
+        self.reader: ReadHandle = reader
         self.machine = self.reader.machine
         self.registrations: dict[str, list[Registration]] = defaultdict(list)
         self.entries: dict[Entry, int] = {}
         self.writes: dict[str, list[int]] = defaultdict(list)
         self.since = self.reader.since
         self._held = self.since
-        state = self.machine.state()
-        if state.upper > self.since:
-            for (key, val), _ts, diff in self.reader.snapshot_and_fetch(self.since):
+        if snapshot is not None:
+            for (key, val), _ts, diff in snapshot:
                 self._process(Entry.from_kv(key, val), self.since, diff)
             self.frontier = self.since + 1
         else:
@@ -142,12 +157,11 @@ class TxnsCache:
                 i = bisect.bisect_left(w, shard_since)
                 if i:
                     del w[:i]
-        # Move the hold lazily: it costs a write to the txns shard.
-        if self.frontier - 1 > self._held and self.reader.config.clock_ms() - self.reader._heartbeat_ms > (
-            self.reader.config.reader_lease_s * 250
-        ):
-            self.reader.downgrade_since(self.frontier - 1)
-            self._held = self.frontier - 1
+        # Move the hold (and renew the lease) lazily: it costs a write to the txns shard.
+        cfg = self.reader.config
+        if cfg.clock_ms() - self.reader._heartbeat_ms > cfg.reader_lease_s * 250:
+            self._held = max(self._held, self.frontier - 1)
+            self.reader.downgrade_since(self._held)
 
     def sync_cached(self) -> None:
         """Catch up with the state this process already holds (no storage request)."""

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 CRITICAL_READER = "txns-critical-since"
 TXNS_INLINE_MAX = 256 << 10
 """Commits of up to this many bytes of entries live inline in the txns shard state (no part)."""
+TXNS_COMPACTED_INLINE_MAX = 64 << 10
+"""Compacted txns-shard batches up to this size stay inline; bigger ones become parts."""
 
 
 class TxnsHandle:
@@ -80,6 +82,12 @@ class TxnsHandle:
         self.client = client
         self.txns_id = txns_id
         self.writer: WriteHandle = client.open_writer(txns_id, TXNS_SCHEMA, inline_max_bytes=TXNS_INLINE_MAX)
+        # Compacted history (registrations, mostly) goes to parts past this size, so
+        # each commit's state stays small however many shards are registered.
+        self.writer.compaction_inline_max_bytes = TXNS_COMPACTED_INLINE_MAX
+        # Maintenance runs after the cache has absorbed the commit (see _append),
+        # so this handle never reads back the parts its own compaction writes.
+        self.writer.auto_maintain = False
         self.cache = TxnsCache(client, txns_id, self)
         self._since: SinceHandle | None = None
         self._data_writers: dict[str, WriteHandle] = {}
@@ -129,6 +137,7 @@ class TxnsHandle:
         w = self._data_writers.get(data_id)
         if w is None:
             w = self.client.open_writer(data_id, self.data_schema(data_id))
+            w.auto_maintain = False  # apply_le runs it after the (metadata-only) applies
             self._data_writers[data_id] = w
         return w
 
@@ -151,6 +160,11 @@ class TxnsHandle:
             self.cache.sync_cached()
             new = sorted(d for d in datas if d not in self.cache.registered_now())
             if not new:
+                # SUBTLE: "already registered" must be judged on a current view: a
+                # stale cache may predate another handle's forget of it.
+                self.cache.sync()
+                new = sorted(d for d in datas if d not in self.cache.registered_now())
+            if not new:
                 return
             upper = self.cache.frontier
             if register_ts < upper:
@@ -158,13 +172,24 @@ class TxnsHandle:
                 if self.cache.frontier != upper:
                     continue
                 raise TimestampUnavailable("register", register_ts, upper)
+            stale = False
             for d in new:
-                du = self.data_writer(d).fetch_recent_upper()
+                du = self.data_writer(d).upper  # just read by register_schema above
                 if du > register_ts + 1:
+                    # SUBTLE: judge on a current view. A stale cache (another handle
+                    # registered and forgot it, which fills its upper) made a
+                    # register at a closed time fail with this misleading error
+                    # instead of TimestampUnavailable.
+                    self.cache.sync()
+                    if self.cache.frontier != upper:
+                        stale = True
+                        break
                     raise InvalidUsage(
                         f"data shard {d} has upper {du}, past register_ts + 1 = {register_ts + 1}: it was "
                         f"written outside the txns shard; register it at a time >= {du - 1}"
                     )
+            if stale:
+                continue
             updates = [Entry(register_ts, d, b"").update(register_ts, 1) for d in new]
             if self._append(updates, upper, register_ts, token=None):
                 return
@@ -182,6 +207,18 @@ class TxnsHandle:
             regs = self.cache.registered_now()
             todo = [d for d in ids if d in regs]
             if not todo:
+                # SUBTLE: "not registered" must be judged on a current view: this
+                # handle's cached state may predate the registration (another
+                # handle registered it), and forget returned here doing nothing.
+                self.cache.sync()
+                regs = self.cache.registered_now()
+                todo = [d for d in ids if d in regs]
+            if not todo:
+                # SUBTLE: a forget whose retraction committed but which failed
+                # (Indeterminate) or crashed before its fill below is retried
+                # here; finish the fill, or the forgotten shard's physical upper
+                # stays behind its forget time for good.
+                self._fill_forgotten(ids)
                 return
             upper = self.cache.frontier
             if forget_ts < upper:
@@ -193,9 +230,19 @@ class TxnsHandle:
             updates = [Entry(regs[d].register_ts, d, b"").update(forget_ts, -1) for d in todo]
             updates += [e.update(forget_ts, -1) for e in tidy.entries if self.cache.present(e)]
             if self._append(updates, upper, forget_ts, token=None):
-                for d in todo:
-                    self._fill(d, forget_ts)
+                self._fill_forgotten(ids)
                 return
+
+    def _fill_forgotten(self, ids: Iterable[str]) -> None:
+        """Advance each forgotten shard's physical upper past the time it was forgotten at.
+
+        Safe: forget applied every write to it below its forget time, and no
+        commit may write to it after.
+        """
+        for d in ids:
+            regs = self.cache.registrations.get(d)
+            if regs and regs[-1].forget_ts is not None:
+                self._fill(d, regs[-1].forget_ts)
 
     def forget_all(self, forget_ts: int) -> None:
         """Forget every registered data shard at ``forget_ts``."""
@@ -210,18 +257,31 @@ class TxnsHandle:
 
     def commit_entries(self, ts: int, adds: list[Entry], tidy: Tidy, data_ids: tuple[str, ...], token: str) -> None:
         """Commit ``adds`` (and retract ``tidy``) at ``ts``. Used by ``Txn.commit_at``."""
+        fresh = False  # whether the txns state was read from storage in this call
         while True:
             self.cache.sync_cached()
             upper = self.cache.frontier
             if ts < upper:
-                self.cache.sync()
-                if self.cache.frontier != upper:
-                    continue
+                if not fresh:
+                    self.cache.sync()
+                    fresh = True
+                    if self.cache.frontier != upper:
+                        continue
+                if self._last_append_was(token):
+                    # SUBTLE: an earlier attempt of this very commit (same txn, same
+                    # ts, this handle) reported Indeterminate but did commit, and
+                    # the state was re-read since (any read does), so the upper is
+                    # past ts. Raising TimestampUnavailable here told the caller
+                    # to commit again higher: the same batches twice.
+                    tidy.entries.clear()
+                    return
                 raise TimestampUnavailable("commit", ts, upper)
             for d in data_ids:
                 if not self.cache.registered_at(d, ts):
                     self.cache.sync()
-                    if not self.cache.registered_at(d, ts):
+                    # (if the upper moved, check the time again first: a stale view
+                    # made a commit at a closed time fail as NotRegistered)
+                    if self.cache.frontier == upper and not self.cache.registered_at(d, ts):
                         raise NotRegistered(
                             f"data shard {d} is not registered at {ts} (never registered, or forgotten); "
                             f"register it first. Nothing was committed"
@@ -238,6 +298,12 @@ class TxnsHandle:
                     if self._commits % 16 == 0:
                         self._maybe_compact()
                     return
+                fresh = True  # the lost compare-and-append read the state afresh
+
+    def _last_append_was(self, token: str) -> bool:
+        """Whether this handle's latest append to the txns shard (as last read) carried ``token``."""
+        w = self.writer.machine.state().writers.get(self.writer.writer_id)
+        return w is not None and w.token == token
 
     def _append(self, updates: list, upper: int, ts: int, token: str | None) -> bool:
         """CaA ``updates`` at ``[upper, ts + 1)``; False (cache caught up) if the upper moved."""
@@ -247,6 +313,7 @@ class TxnsHandle:
             self.cache.update_ge(e.current, wait_s=0)
             return False
         self.cache.sync_cached()
+        self.writer.maintain()
         return True
 
     def tidy_at(self, ts: int, tidy: Tidy) -> None:
@@ -267,6 +334,7 @@ class TxnsHandle:
         if ts >= self.cache.frontier:
             self.cache.sync()
         tidy = Tidy()
+        touched: set[str] = set()
         entries = self.cache.entries_le(min(ts, self.cache.frontier - 1))
         for (at, d), group in itertools.groupby(entries, key=lambda e: (e.ts, e.data_id)):
             group = list(group)
@@ -274,6 +342,11 @@ class TxnsHandle:
                 continue
             self._apply_one(d, at, group)
             tidy.entries.update(group)
+            touched.add(d)
+        # Maintenance (compaction) the applies asked for, after all of them, so
+        # the applies themselves stay metadata only.
+        for d in sorted(touched):
+            self.data_writer(d).maintain()
         return tidy
 
     def _apply_one(self, data_id: str, ts: int, group: list[Entry]) -> None:
@@ -319,6 +392,16 @@ class TxnsHandle:
         res = self._since.compare_and_downgrade_since(self._since.opaque, self._since.opaque, bound)
         if not res.ok:
             res = self._since.compare_and_downgrade_since(res.opaque, res.opaque, bound)
+        # The shard's since is the minimum of every hold, this handle's cache's
+        # leased reader included, and the cache moves that hold lazily (once
+        # per reader_lease_s / 4). Move it now, or an explicit compact_to lets
+        # nothing consolidate for minutes and the txns shard grows with
+        # history meanwhile. Safe: the cache has read every time below its
+        # frontier, so compaction up to frontier - 1 moves nothing it has not read.
+        cache = self.cache
+        if cache.frontier - 1 > cache._held:
+            cache.reader.downgrade_since(cache.frontier - 1)
+            cache._held = cache.frontier - 1
         return res.since
 
     def _maybe_compact(self) -> None:

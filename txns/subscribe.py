@@ -9,12 +9,15 @@ writes, they are applied if needed and read from the data shard.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
-from persist import PersistClient, Progress, ShardId, Updates
+from persist import ExternalError, PersistClient, Progress, ShardId, Updates
 from persist.read import Listen
 from persist.schema import check_ts
 from txns.handle import TxnsHandle
+
+log = logging.getLogger(__name__)
 
 
 class DataSubscribe:
@@ -48,6 +51,7 @@ class DataSubscribe:
             from persist import InvalidUsage
 
             raise InvalidUsage(f"until {until} must be greater than as_of {as_of}")
+        self._own_handle = handle is None
         self.handle = handle or TxnsHandle.open(client, txns_id)
         self.data_id = str(ShardId.parse(str(data_id)))
         self.as_of, self.until = as_of, until
@@ -104,7 +108,14 @@ class DataSubscribe:
         if self.frontier - 1 > self.reader.since:
             cfg = self.reader.config
             if cfg.clock_ms() - self.reader._heartbeat_ms > cfg.reader_lease_s * 250:
-                self.reader.downgrade_since(self.frontier - 1)
+                # SUBTLE: best effort. step() calls this after moving the frontier
+                # past the events it is about to return; raising here dropped
+                # them (the caller never saw them, and the next step starts
+                # past them). A failed renewal is retried on the next step.
+                try:
+                    self.reader.downgrade_since(self.frontier - 1)
+                except ExternalError as e:
+                    log.debug("subscribe hold on %s deferred: %s", self.data_id, e)
 
     def __iter__(self) -> Iterator:
         while not self._done():
@@ -112,3 +123,9 @@ class DataSubscribe:
 
     def close(self) -> None:
         self.reader.expire()
+        if self._own_handle:
+            # The handle opened for this subscription holds the txns shard's
+            # since with its cache's leased reader: release it too, or every
+            # closed subscription held back compaction of the txns shard for a
+            # whole reader lease.
+            self.handle.read_cache().reader.expire()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -103,7 +104,7 @@ class Txn:
             raise InvalidUsage(f"batch {batch.id} was written for shard {batch.shard_id}, not {data_id}")
         if self._handle is not None:
             schema = self._handle.data_schema(data_id)
-            if batch.schema_text != schema.to_text():
+            if not batch.same_schema(schema.to_text()):
                 raise SchemaMismatch(
                     f"batch {batch.id} was written with a schema other than data shard {data_id}'s "
                     f"({schema.describe()})"
@@ -142,8 +143,14 @@ class Txn:
         other._batches, other._tidy = {}, Tidy()
 
     def _finish_builders(self) -> None:
-        for d, b in self._builders.items():
-            batch = b.finish()
+        """Finish every shard's builder, uploading the shards' last parts in parallel."""
+        items = list(self._builders.items())
+        if len(items) > 1:
+            with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+                batches = list(pool.map(lambda item: item[1].finish(), items))
+        else:
+            batches = [b.finish() for _, b in items]
+        for (d, _), batch in zip(items, batches, strict=True):
             if batch.rows:
                 self._batches.setdefault(d, []).append(batch)
         self._builders = {}
