@@ -13,7 +13,11 @@ class PersistConfig:
 
     - ``part_target_bytes``: a batch builder flushes a Parquet part when its
       buffered rows reach this many (Arrow) bytes. Memory for a write of any
-      size stays near ``part_target_bytes * (1 + upload_parallelism)``.
+      size is bounded independently of its size: a flush holds the buffered
+      rows and their sorted copy, and each in-flight upload its sorted table
+      and encoded Parquet, so roughly ``part_target_bytes * (3 + 2 *
+      upload_parallelism)`` at worst; measured 4.9x the part size at 64 MiB
+      parts (benchmarks/README.md).
     - ``inline_max_bytes``: batches whose encoded rows are smaller than this
       live inline in the shard state, with no part at all.
     - ``compaction_max_bytes``: in-process compaction merges at most this many
