@@ -35,7 +35,7 @@ class PersistConfig:
     upload_parallelism: int = 4
     inline_max_bytes: int = 4096
     compaction_enabled: bool = True
-    compaction_max_bytes: int = 256 << 20
+    compaction_max_bytes: int = 64 << 20
     part_grace_s: float = 300.0
     consensus_retention_s: float = 600.0
     gc_every_versions: int = 32

@@ -126,7 +126,7 @@ def test_appends_under_random_faults_are_exactly_once(
 ) -> None:
     url, root = backend
     config = PersistConfig(
-        inline_max_bytes=150,
+        inline_max_bytes=390,  # appends of two rows are inline, of three or four write a part
         part_target_bytes=256,
         part_grace_s=0,
         consensus_retention_s=0,
@@ -144,6 +144,7 @@ def test_appends_under_random_faults_are_exactly_once(
         lo = model.upper
         hi = lo + 1 + i % 2
         ups = [upd(i % 6, f"v{i % 3}", lo), upd((i + 3) % 6, "r", hi - 1, -1 if i % 4 else 2)]
+        ups += [upd(20 + j, "x", lo, 1 - j) for j in range(i % 3)]
         if i % 2:
             append_batch_until_done(w, ups, lo, hi, stats)
         else:

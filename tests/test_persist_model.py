@@ -70,7 +70,7 @@ class ShardMachine(RuleBasedStateMachine):
             self.tmp = tempfile.mkdtemp(prefix="persist-model-")
             self.url = f"file://{self.tmp}/store"
         self.config = PersistConfig(
-            inline_max_bytes=300,  # a few rows inline, more go to parts
+            inline_max_bytes=450,  # up to ~4 rows inline, more go to parts
             part_target_bytes=240,  # compaction writes parts of ~8 rows
             part_grace_s=0,  # retired parts are deleted by the next maintenance
             consensus_retention_s=0,  # every version older than the newest mark may be truncated

@@ -271,22 +271,35 @@ def test_large_arrow_batch_is_split_into_parts() -> None:
 # ---- reads ------------------------------------------------------------------------------
 
 
+INLINE_FEW = 450
+"""An ``inline_max_bytes`` that keeps appends of up to ~4 rows inline (see :func:`build_history`)."""
+
+
 def build_history(w: WriteHandle, model: ShardModel, rounds: int = 12) -> None:
-    """Appends with inserts, retractions and empty spans, mirrored into ``model``."""
+    """Appends with inserts, retractions and empty spans, mirrored into ``model``.
+
+    Every third append is larger (a dozen more rows), so that with
+    ``inline_max_bytes=INLINE_FEW`` small appends stay inline and large ones write parts.
+    """
     for i in range(rounds):
         t = model.upper
         ups = [upd(i % 4, f"v{i}", t), upd((i + 1) % 4, f"v{i}", t + 1, 2)]
         if i:
             ups.append(upd((i - 1) % 4, f"v{i - 1}", t, -1))  # retract the previous insert
         ups.append(upd(7, "zero", t, 0))  # a zero diff is dropped by every read
+        if i % 3 == 0:
+            ups += [upd(10 + j, "bulk", t + j % 2, 1 - 2 * (j % 2)) for j in range(12)]
         append_model(model, w, ups, t + 2 + (i % 3))
 
 
 def test_snapshot_at_every_as_of() -> None:
-    client, shard = new_shard(PersistConfig(inline_max_bytes=200, part_target_bytes=128))
+    config = PersistConfig(inline_max_bytes=INLINE_FEW, part_target_bytes=128, compaction_enabled=False)
+    client, shard = new_shard(config)
     w = client.open_writer(shard, SCHEMA)
     model = ShardModel()
     build_history(w, model)
+    runs = [r for b in w.machine.state().batches for r in b.runs]
+    assert any(r.inline for r in runs) and any(r.parts for r in runs), "both inline rows and parts are read"
     r = PersistClient.open(client.url).open_leased_reader(shard, SCHEMA)
     for as_of in range(model.upper):
         got = r.snapshot_and_fetch(as_of)
@@ -308,7 +321,7 @@ def test_snapshot_plan_and_tables() -> None:
 
 
 def test_listen_in_time_order_with_progress() -> None:
-    client, shard = new_shard(PersistConfig(inline_max_bytes=200, part_target_bytes=128))
+    client, shard = new_shard(PersistConfig(inline_max_bytes=INLINE_FEW, part_target_bytes=128))
     w = client.open_writer(shard, SCHEMA)
     model = ShardModel()
     build_history(w, model, rounds=8)
@@ -488,7 +501,7 @@ def test_close_shard() -> None:
 
 
 def test_compaction_preserves_reads_at_every_as_of_past_the_since() -> None:
-    config = PersistConfig(inline_max_bytes=200, part_target_bytes=128, compaction_enabled=False)
+    config = PersistConfig(inline_max_bytes=INLINE_FEW, part_target_bytes=128, compaction_enabled=False)
     client, shard = new_shard(config)
     w = client.open_writer(shard, SCHEMA)
     model = ShardModel()
@@ -514,7 +527,7 @@ def test_compaction_preserves_reads_at_every_as_of_past_the_since() -> None:
 
 
 def test_compaction_keeps_batches_logarithmic() -> None:
-    client, shard = new_shard(PersistConfig(inline_max_bytes=200, part_target_bytes=256))
+    client, shard = new_shard(PersistConfig(inline_max_bytes=INLINE_FEW, part_target_bytes=256))
     w = client.open_writer(shard, SCHEMA)
     model = ShardModel()
     n = 200

@@ -306,7 +306,7 @@ def open_handle(client: PersistClient, txns_id: str) -> Iterator[TxnsHandle]:
         yield handle
     finally:
         with contextlib.suppress(PersistError):
-            handle.cache.reader.expire()
+            handle.close()
 
 
 def apply_and_tidy(handle: TxnsHandle) -> dict:

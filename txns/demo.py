@@ -478,7 +478,7 @@ def _run(
     say(f"       txns apply|compact|gc {url} {txns_id}   (ids also in {root / 'demo.json'})")
     say(f"\ndone in {time.monotonic() - started:.1f}s")
     with contextlib.suppress(PersistError):  # releasing our read hold early is a nicety
-        handle.cache.reader.expire()
+        handle.close()
     return 0 if not bad else 1
 
 

@@ -110,6 +110,20 @@ class TxnsHandle:
                     pass
         return TxnsHandle(client, txns_id)
 
+    def close(self) -> None:
+        """Release this handle's hold on the txns shard (its cache's leased reader).
+
+        Open handles hold the txns shard's since at what they have read; a
+        handle that is dropped without closing holds it until its lease lapses.
+        """
+        self.cache.reader.expire()
+
+    def __enter__(self) -> TxnsHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ---- views ----------------------------------------------------------------------
 
     @property

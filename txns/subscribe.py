@@ -128,4 +128,4 @@ class DataSubscribe:
             # since with its cache's leased reader: release it too, or every
             # closed subscription held back compaction of the txns shard for a
             # whole reader lease.
-            self.handle.read_cache().reader.expire()
+            self.handle.close()

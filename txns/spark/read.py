@@ -143,4 +143,4 @@ def expand_diffs(df: DataFrame, what: str) -> DataFrame:
 def release(handle: TxnsHandle) -> None:
     """Drop a handle's hold on the txns shard (its read cache's lease), best effort."""
     with contextlib.suppress(Exception):
-        handle.cache.reader.expire()
+        handle.close()

@@ -1,0 +1,29 @@
+"""The runnable examples in the public API's docstrings stay true."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "persist",
+    "persist.schema",
+    "persist.client",
+    "persist.read",
+    "persist.write",
+    "persist.batch",
+    "txns",
+    "txns.handle",
+    "txns.subscribe",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0, f"{result.failed} doctest example(s) failed in {name}"
+    if name in ("persist", "txns", "txns.handle", "txns.subscribe", "persist.client", "persist.read"):
+        assert result.attempted > 0, f"{name} lost its usage example"
