@@ -26,6 +26,10 @@ from persist.schema import Schema, check_ts
 from persist.state import CriticalReaderState, HollowBatch, LeasedReaderState, ShardState
 
 
+class PartRetired(InvalidUsage):
+    """A read planned against an old state found a part that compaction retired since. Read again."""
+
+
 @dataclass(frozen=True)
 class Updates:
     """A listen event: updates ``((key, val), ts, diff)`` in time order."""
@@ -206,7 +210,7 @@ class ReadHandle:
         except MissingPart as e:
             if e.key in self.machine.fetch().part_keys():
                 raise CorruptObject(e.key, "a part the shard references is missing from blob storage") from None
-            raise InvalidUsage(
+            raise PartRetired(
                 f"part {e.key} of shard {self.shard_id} was retired by compaction more than "
                 f"part_grace_s={self.config.part_grace_s}s after this read was planned; run the read again"
             ) from None
@@ -221,7 +225,7 @@ class ReadHandle:
             try:
                 tables = list(self.snapshot_tables(as_of))
                 break
-            except InvalidUsage:
+            except PartRetired:
                 if attempt == 2:
                     raise
         table = pa.concat_tables(tables) if tables else self.schema.arrow.empty_table()
