@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 from persist.config import PersistConfig
@@ -148,7 +149,8 @@ class PersistClient:
         sid = str(_shard_id(shard_id))
         state = self.machine(sid).fetch()
         live = state.part_keys() | {k for k, _ in state.garbage} | (keep or set())
-        horizon = self.config.clock_ms() - int(older_than_s * 1000)
+        # part keys carry the wall-clock time they were written at (parts.part_key)
+        horizon = int(time.time() * 1000) - int(older_than_s * 1000)
         deleted = 0
         for key in list(self.blob.list_keys(f"{sid}/parts/")):
             written = part_written_ms(key)

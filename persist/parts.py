@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from persist.codec import FORMAT_VERSION, crc32c
-from persist.errors import CorruptObject
+from persist.errors import CorruptObject, ExternalError
 from persist.location import Blob
 
 PARQUET_META = {b"persist.format": str(FORMAT_VERSION).encode()}
@@ -193,7 +193,21 @@ def read_run(blob: Blob, run: Run, schema: pa.Schema) -> Iterator[pa.Table]:
     if run.inline is not None:
         yield apply_rewrite(decode_inline(run.inline, schema), run.ts_rewrite)
     for ref in run.parts:
-        yield apply_rewrite(decode_part(ref, blob.get(ref.key), schema), run.ts_rewrite)
+        yield apply_rewrite(decode_part(ref, get_retrying(blob, ref.key), schema), run.ts_rewrite)
+
+
+def get_retrying(blob: Blob, key: str, deadline_s: float = 30.0) -> bytes | None:
+    """``blob.get(key)``, retrying failed gets (they change nothing) for up to ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            return blob.get(key)
+        except ExternalError:
+            attempt += 1
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)))
 
 
 def consolidate(table: pa.Table, advance_to: int | None = None) -> pa.Table:

@@ -94,10 +94,21 @@ class WriteHandle:
             raise InvalidUsage(f"new_upper {new_upper} must be greater than expected_upper {expected_upper}")
         batch = self.batch(updates, expected_upper, new_upper)
         try:
-            self.compare_and_append_batch([batch], expected_upper, new_upper, token)
+            appended = self._append_batches([batch], expected_upper, new_upper, token)
         except UpperMismatch:
             batch.delete(self.blob)
             raise
+        if not appended:
+            # A retry recognised by its token: an earlier call's batch is the one
+            # in the state, and this call's parts are referenced by nothing.
+            # SUBTLE: unless this very call's first CAS landed and reported a
+            # timeout (the machine re-ran it and saw the token): then the state
+            # references these parts, and deleting them would lose data.
+            state = self.machine.state()
+            live = state.part_keys() | {k for k, _ in state.garbage}
+            for p in batch.parts:
+                if p.key not in live:
+                    self.blob.delete(p.key)
 
     def compare_and_append_batch(
         self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None = None
@@ -111,6 +122,12 @@ class WriteHandle:
         (derived by default from the bounds and batch ids); it must be unique
         per distinct append.
         """
+        self._append_batches(batches, expected_upper, new_upper, token)
+
+    def _append_batches(
+        self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None
+    ) -> bool:
+        """compare_and_append_batch; False if the append had already happened (token seen)."""
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
         if new_upper <= expected_upper:
@@ -130,16 +147,17 @@ class WriteHandle:
         token = token or digest.hexdigest()[:32]
         lease_ms = int(self.config.writer_lease_s * 1000)
 
-        def transition(s: ShardState) -> tuple[None, bool]:
+        def transition(s: ShardState) -> tuple[bool, bool]:
             changed = s.register_schema(self.schema_text, self.schema.describe())
             now = self.config.clock_ms()
             if not s.append(self.writer_id, token, runs, expected_upper, new_upper, now, lease_ms):
-                return None, changed
-            return None, True
+                return False, changed
+            return True, True
 
-        self.machine.apply(transition)
+        appended = self.machine.apply(transition)
         if runs and self.auto_maintain:
             self.maintain()
+        return appended
 
     def close_shard(self) -> None:
         """Advance the upper past every time: the shard takes no more appends."""

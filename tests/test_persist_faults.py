@@ -489,3 +489,41 @@ def test_corrupt_serialized_batch() -> None:
         Batch.from_bytes(flip(data))
     with pytest.raises(CorruptObject, match="too short"):
         Batch.from_bytes(data[:5])
+
+
+def test_token_retry_of_compare_and_append_keeps_the_state_parts_and_leaks_none() -> None:
+    """A caller retrying the same compare_and_append (same token) after Indeterminate.
+
+    The first call's CAS lands, then reports a timeout, and persist's own
+    retries are off, so the caller sees Indeterminate and retries with the
+    same token. The retry must not append twice, must delete only its own
+    (unreferenced) parts, and the first call's parts must stay readable.
+    """
+    url = f"mem://retry-parts-{uuid.uuid4().hex}"
+    store = make_store(url, PersistConfig(inline_max_bytes=0, compaction_enabled=False, retry_deadline_s=0))
+    shard = ShardId.new()
+    w = store.faulty.open_writer(shard, SCHEMA)
+    ups = [upd(1, "a", 0), upd(2, "b", 0)]
+    store.faults.fail_next(Op.CAS, Fault.AFTER)
+    with pytest.raises(Indeterminate):
+        w.compare_and_append(ups, 0, 1, token="t-1")
+    w.compare_and_append(ups, 0, 1, token="t-1")  # recognised: no second append
+    state = store.clean.machine(shard).fetch()
+    assert state.upper == 1 and len(state.batches) == 1
+    assert shard_blob_keys(store.clean, shard) == state.part_keys(), "the retry leaked (or lost) a part"
+    r = store.clean.open_leased_reader(shard, SCHEMA)
+    assert r.snapshot_and_fetch(0) == consolidate(ups, 0)
+
+
+def test_internal_retry_after_a_landed_cas_keeps_its_own_parts() -> None:
+    """persist retries internally: the re-run sees its own token; its parts are the state's."""
+    url = f"mem://retry-own-{uuid.uuid4().hex}"
+    store = make_store(url, PersistConfig(inline_max_bytes=0, compaction_enabled=False))
+    shard = ShardId.new()
+    w = store.faulty.open_writer(shard, SCHEMA)
+    ups = [upd(1, "a", 0)]
+    store.faults.fail_next(Op.CAS, Fault.AFTER)
+    w.compare_and_append(ups, 0, 1)
+    state = store.clean.machine(shard).fetch()
+    assert state.part_keys() and shard_blob_keys(store.clean, shard) == state.part_keys()
+    assert store.clean.open_leased_reader(shard, SCHEMA).snapshot_and_fetch(0) == consolidate(ups, 0)
