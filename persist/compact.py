@@ -43,7 +43,7 @@ def merge_batches(
     ``inline_max_bytes`` overrides the config's inline threshold (the
     compacting writer's own, see :func:`write_runs`).
     """
-    tables = [t for b in inputs for r in b.runs for t in read_run(blob, r, schema)]
+    tables = [t for b in inputs for r in b.runs for t in read_run(blob, r, schema, config.retry_deadline_s)]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     merged = consolidate(table, advance_to=since)
     return HollowBatch(

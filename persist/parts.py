@@ -188,12 +188,15 @@ def apply_rewrite(table: pa.Table, ts_rewrite: int | None) -> pa.Table:
     return table.set_column(idx, "ts", ts)
 
 
-def read_run(blob: Blob, run: Run, schema: pa.Schema) -> Iterator[pa.Table]:
-    """The tables of a run, one per part (plus one for inline rows), rewritten."""
+def read_run(blob: Blob, run: Run, schema: pa.Schema, retry_deadline_s: float = 30.0) -> Iterator[pa.Table]:
+    """The tables of a run, one per part (plus one for inline rows), rewritten.
+
+    A failed part get is retried for up to ``retry_deadline_s``.
+    """
     if run.inline is not None:
         yield apply_rewrite(decode_inline(run.inline, schema), run.ts_rewrite)
     for ref in run.parts:
-        yield apply_rewrite(decode_part(ref, get_retrying(blob, ref.key), schema), run.ts_rewrite)
+        yield apply_rewrite(decode_part(ref, get_retrying(blob, ref.key, retry_deadline_s), schema), run.ts_rewrite)
 
 
 def get_retrying(blob: Blob, key: str, deadline_s: float = 30.0) -> bytes | None:

@@ -80,9 +80,11 @@ def wait_for_upper(machine: Machine, as_of: int, wait_s: float) -> ShardState:
         _backoff(attempt)
 
 
-def batch_tables(blob: Blob, batch: HollowBatch, schema: pa.Schema) -> Iterator[pa.Table]:
+def batch_tables(
+    blob: Blob, batch: HollowBatch, schema: pa.Schema, retry_deadline_s: float = 30.0
+) -> Iterator[pa.Table]:
     for run in batch.runs:
-        yield from read_run(blob, run, schema)
+        yield from read_run(blob, run, schema, retry_deadline_s)
 
 
 class ReadHandle:
@@ -206,7 +208,7 @@ class ReadHandle:
 
     def _read_run_checked(self, run: Run) -> Iterator[pa.Table]:
         try:
-            yield from read_run(self.blob, run, self.schema.arrow)
+            yield from read_run(self.blob, run, self.schema.arrow, self.config.retry_deadline_s)
         except MissingPart as e:
             if e.key in self.machine.fetch().part_keys():
                 raise CorruptObject(e.key, "a part the shard references is missing from blob storage") from None
@@ -254,9 +256,9 @@ def plan_at(state: ShardState, schema: Schema, as_of: int) -> SnapshotPlan:
     return SnapshotPlan(state.shard_id, as_of, runs, schema)
 
 
-def fetch_plan(blob: Blob, plan: SnapshotPlan) -> list:
+def fetch_plan(blob: Blob, plan: SnapshotPlan, retry_deadline_s: float = 30.0) -> list:
     """Read a plan's parts and return the consolidated snapshot as update tuples."""
-    tables = [at_as_of(t, plan.as_of) for run in plan.runs for t in read_run(blob, run, plan.schema.arrow)]
+    tables = [at_as_of(t, plan.as_of) for run in plan.runs for t in read_run(blob, run, plan.schema.arrow, retry_deadline_s)]
     table = pa.concat_tables(tables) if tables else plan.schema.arrow.empty_table()
     return to_updates(plan.schema, consolidate(table))
 
@@ -327,7 +329,7 @@ class Listen:
         for batch in state.batches:
             if batch.upper <= frontier:
                 continue
-            tables = [t for t in batch_tables(r.blob, batch, r.schema.arrow)]
+            tables = [t for t in batch_tables(r.blob, batch, r.schema.arrow, r.config.retry_deadline_s)]
             if tables:
                 t = pa.concat_tables(tables)
                 lo = pa.scalar(frontier, pa.uint64())

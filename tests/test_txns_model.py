@@ -43,7 +43,7 @@ from tests.txns_model import (
     row,
     txns_shard_contents,
 )
-from txns import DataSubscribe, NotRegistered, Tidy, TimestampUnavailable, TxnsHandle
+from txns import DataSubscribe, NotRegistered, Tidy, TimestampUnavailable, Txn, TxnsHandle
 
 _COMMON = dict(
     deadline=None,
@@ -610,3 +610,34 @@ def test_a_transient_blob_failure_does_not_poison_a_big_txn() -> None:
     assert faults.pending(Op.BLOB_SET) == 0
     res.apply(h)
     assert consolidated(h.snapshot(d, 1), 1) == {row(i, "x"): 1 for i in range(100)}
+
+
+def test_commit_retried_at_a_later_time_after_indeterminate_does_not_commit_twice() -> None:
+    """The caller hears Indeterminate, then tries a *later* time (as TimestampUnavailable would suggest)."""
+    store, faults, h, d = _faulty_setup()
+    txn = h.begin()
+    txn.write(d, (1,), ("once",), 1)
+    faults.fail_next(Op.CAS, Fault.AFTER)
+    with pytest.raises(Indeterminate):
+        txn.commit_at(h, 2)
+    res = txn.commit_at(h, 5)  # the earlier attempt landed at 2: it stands
+    assert res.commit_ts == 2
+    res.apply(h)
+    assert h.snapshot(d, 2) == [(((1,), ("once",)), 2, 1)]
+    appends = [e for e, _ in txns_shard_contents(store.client(), h.txns_id) if not e.is_registration]
+    assert len(appends) == 1
+
+
+def test_an_uncertain_commit_moved_to_another_process_does_not_commit_twice() -> None:
+    store, faults, h, d = _faulty_setup()
+    txn = h.begin()
+    txn.write(d, (1,), ("once",), 1)
+    faults.fail_next(Op.CAS, Fault.AFTER)
+    with pytest.raises(Indeterminate):
+        txn.commit_at(h, 2)
+    other = TxnsHandle.open(store.client(), h.txns_id)
+    res = Txn.from_bytes(txn.to_bytes(), other).commit_at(other, other.upper)
+    assert res.commit_ts == 2
+    res.apply(other)
+    assert other.snapshot(d, 2) == [(((1,), ("once",)), 2, 1)]
+    assert other.upper == 3, "nothing else was committed"

@@ -137,7 +137,7 @@ class TxnsCache:
         for batch in state.batches:
             if batch.upper <= self.frontier:
                 continue
-            tables = list(batch_tables(self.client.blob, batch, TXNS_SCHEMA.arrow))
+            tables = list(batch_tables(self.client.blob, batch, TXNS_SCHEMA.arrow, self.client.config.retry_deadline_s))
             if tables:
                 t = pa.concat_tables(tables)
                 t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(self.frontier, pa.uint64())))

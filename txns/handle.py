@@ -314,6 +314,20 @@ class TxnsHandle:
                     return
                 fresh = True  # the lost compare-and-append read the state afresh
 
+    def committed_at(self, batch_ids: set[str]) -> int | None:
+        """The commit time of an entry (present in the log now) carrying one of ``batch_ids``, if any.
+
+        Entries stay in the log until applied and tidied, so this finds a
+        commit of these batches unless it was already tidied away.
+        """
+        if not batch_ids:
+            return None
+        self.cache.sync()
+        for e in sorted(self.cache.entries):
+            if e.decode_batch().id in batch_ids:
+                return e.ts
+        return None
+
     def _last_append_was(self, token: str) -> bool:
         """Whether this handle's latest append to the txns shard (as last read) carried ``token``."""
         w = self.writer.machine.state().writers.get(self.writer.writer_id)
@@ -470,7 +484,7 @@ class DataSnapshot:
     def snapshot_and_fetch(self) -> list:
         for attempt in range(3):
             try:
-                return fetch_plan(self.handle.client.blob, self.plan())
+                return fetch_plan(self.handle.client.blob, self.plan(), self.handle.client.config.retry_deadline_s)
             except MissingPart:
                 # a part retired by compaction after we planned: plan again from fresh state
                 self.handle.data_writer(self.data_id).machine.fetch()

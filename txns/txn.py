@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch
+from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMismatch
 from persist.codec import KIND_TXN, frame, unframe
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
 from txns.entries import Entry
@@ -64,6 +64,7 @@ class Txn:
         self._builders: dict[str, BatchBuilder] = {}
         self._batches: dict[str, list[Batch]] = {}
         self._tidy = Tidy()
+        self._uncertain = False  # whether an earlier commit attempt may have landed
 
     # ---- building ---------------------------------------------------------------
 
@@ -173,6 +174,7 @@ class Txn:
             "id": self.id,
             "batches": {d: [base64.b64encode(b.to_bytes()).decode() for b in bs] for d, bs in self._batches.items()},
             "tidy": [[e.ts, e.data_id, base64.b64encode(e.batch).decode()] for e in sorted(self._tidy.entries)],
+            "uncertain": self._uncertain,
         }
         return frame(KIND_TXN, json.dumps(j, separators=(",", ":")).encode())
 
@@ -184,6 +186,7 @@ class Txn:
         txn.id = j["id"]
         txn._batches = {d: [Batch.from_bytes(base64.b64decode(b)) for b in bs] for d, bs in j["batches"].items()}
         txn._tidy = Tidy({Entry(ts, d, base64.b64decode(b)) for ts, d, b in j["tidy"]})
+        txn._uncertain = bool(j.get("uncertain", False))
         return txn
 
     # ---- committing ----------------------------------------------------------------
@@ -206,5 +209,19 @@ class Txn:
             if b.rows
         ]
         data_ids = tuple(sorted(self._batches))
-        handle.commit_entries(commit_ts, adds, self._tidy, data_ids, token=f"txn-{self.id}-{commit_ts}")
+        if self._uncertain:
+            # SUBTLE: an earlier attempt may have committed (it reported
+            # Indeterminate, or this txn came from bytes and was maybe committed
+            # elsewhere). Its entries are in the log until applied and tidied:
+            # if they are, that commit stands and this one must not repeat it.
+            ids = {b.id for bs in self._batches.values() for b in bs if b.rows}
+            done = handle.committed_at(ids)
+            if done is not None:
+                return TxnApply(done, data_ids)
+        try:
+            handle.commit_entries(commit_ts, adds, self._tidy, data_ids, token=f"txn-{self.id}-{commit_ts}")
+        except Indeterminate:
+            self._uncertain = True
+            raise
+        self._uncertain = False
         return TxnApply(commit_ts, data_ids)
