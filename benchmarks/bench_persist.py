@@ -515,7 +515,9 @@ def bench_memory(sizes_gb: list[float], part_mbs: list[int], chunk_mb: int) -> d
             r = json.loads(res.stdout.strip().splitlines()[-1])
             out[f"{gb:g}gb_part_{part_mb}mb"] = r
             part = part_mb * MB
-            documented = part * (1 + r["upload_parallelism"])
+            # PersistConfig's doc: part_target_bytes * (3 + 2 * upload_parallelism) at worst
+            factor = 3 + 2 * r["upload_parallelism"]
+            documented = part * factor
             rss = r["rss_peak_delta"]
             heap = r["arrow_pool_peak"] + r["tracemalloc_peak"]
             rows.append(
@@ -527,7 +529,7 @@ def bench_memory(sizes_gb: list[float], part_mbs: list[int], chunk_mb: int) -> d
                     f"{heap / part:.1f}x",
                     human_bytes(rss) if rss is not None else "n/a",
                     f"{rss / part:.1f}x" if rss is not None else "n/a",
-                    f"{documented // MB} MB ({1 + r['upload_parallelism']}x)",
+                    f"{documented // MB} MB ({factor}x)",
                     f"{r['seconds']:.1f}",
                     f"{r['mb_per_s']:.0f}",
                 ]
