@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -362,19 +363,31 @@ class TxnsHandle:
         if ts >= self.cache.frontier:
             self.cache.sync()
         tidy = Tidy()
-        touched: set[str] = set()
+        per_shard: dict[str, list[tuple[int, list[Entry]]]] = {}
         entries = self.cache.entries_le(min(ts, self.cache.frontier - 1))
         for (at, d), group in itertools.groupby(entries, key=lambda e: (e.ts, e.data_id)):
-            group = list(group)
-            if only is not None and d not in only:
-                continue
-            self._apply_one(d, at, group)
-            tidy.entries.update(group)
-            touched.add(d)
-        # Maintenance (compaction) the applies asked for, after all of them, so
-        # the applies themselves stay metadata only.
-        for d in sorted(touched):
+            if only is None or d in only:
+                per_shard.setdefault(d, []).append((at, list(group)))
+
+        def apply_shard(d: str) -> None:
+            # one shard's commits strictly in time order; shards are independent
+            for at, group in per_shard[d]:
+                self._apply_one(d, at, group)
+            # Maintenance (compaction) the applies asked for, after them, so the
+            # applies themselves stay metadata only.
             self.data_writer(d).maintain()
+
+        for d in per_shard:
+            self.data_writer(d)  # open writers here, not racing in the pool
+        if len(per_shard) > 1:
+            with ThreadPoolExecutor(max_workers=min(8, len(per_shard))) as pool:
+                list(pool.map(apply_shard, sorted(per_shard)))
+        else:
+            for d in per_shard:
+                apply_shard(d)
+        for groups in per_shard.values():
+            for _, group in groups:
+                tidy.entries.update(group)
         return tidy
 
     def _apply_one(self, data_id: str, ts: int, group: list[Entry]) -> None:
