@@ -21,17 +21,14 @@ its per-request latency (a few ms) is nothing like real S3's (tens of ms):
 request and byte counts carry over to S3, times do not. SUBTLE: moto's PutObject handler
 checks ``If-None-Match: *`` and stores the object without a lock, so two
 racing conditional PUTs can both win; :func:`moto_server` serializes moto's
-server-side handler with one lock (as tests/conftest.py does) so that the
-compare-and-set arbitration is atomic, like real S3's. We do not import
-tests/conftest.py: it imports pytest and is edited by others.
+server-side handler with one lock (:mod:`persist.testing`, shared with the
+tests) so that the compare-and-set arbitration is atomic, like real S3's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -48,66 +45,14 @@ if __name__ == "__main__":  # run as the moto server's child process
 
 from persist import PersistClient, PersistConfig
 from persist.location import Blob, CaSResult, Consensus, VersionedData
+from persist.testing import fake_aws_env
+from persist.testing import moto_server as in_process_moto
 from persist.url import Location, open_location
-
-_FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_SECURITY_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
-_UNSET_AWS_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 
 MB = 1 << 20
 
 
 # ---- moto ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _fake_aws_env() -> Iterator[None]:
-    """Fake credentials in the environment (before any client is made), restored after."""
-    saved = {k: os.environ.get(k) for k in (*_FAKE_AWS_ENV, *_UNSET_AWS_ENV)}
-    os.environ.update(_FAKE_AWS_ENV)
-    for k in _UNSET_AWS_ENV:
-        os.environ.pop(k, None)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
-def _moto_in_this_process() -> Iterator[str]:
-    """A ThreadedMotoServer in this process, with moto's PutObject handler under one lock."""
-    from moto.s3.responses import S3Response
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    lock = threading.Lock()
-    original = S3Response.put_object
-
-    @functools.wraps(original)
-    def locked_put_object(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    S3Response.put_object = locked_put_object  # type: ignore[method-assign]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        S3Response.put_object = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -118,9 +63,9 @@ def moto_server(in_process: bool = False) -> Iterator[str]:
     ``--moto-server``), so that it does not compete with the measured client
     for this process's GIL; it still shares the machine's cores.
     """
-    with _fake_aws_env():
+    with fake_aws_env():
         if in_process:
-            with _moto_in_this_process() as endpoint:
+            with in_process_moto() as endpoint:
                 _warm_up(endpoint)
                 yield endpoint
             return
@@ -148,7 +93,7 @@ def moto_server(in_process: bool = False) -> Iterator[str]:
 
 
 def _serve_moto_until_stdin_closes() -> None:
-    with _fake_aws_env(), _moto_in_this_process() as endpoint:
+    with in_process_moto() as endpoint:
         print(endpoint, flush=True)
         sys.stdin.read()
 

@@ -1,25 +1,13 @@
 """Shared fixtures: a moto S3 server, fresh S3 buckets, and one URL per backend.
 
-The moto server runs in this process (a thread), on 127.0.0.1 with a port
-the OS picks, with fake credentials in the environment. It is started only
-by tests that ask for S3.
-
-SUBTLE: moto's S3 PUT handler checks ``If-None-Match: *`` and then stores the
-object without holding any lock, so two racing conditional PUTs of the same
-key can both succeed, which real S3 never allows. :func:`_atomic_moto_puts`
-makes the check-and-store atomic by running moto's
-``moto.s3.responses.S3Response.put_object`` (the server-side PutObject
-handler, which does both) under one process-wide lock. It patches moto, not
-persist: our backends run unchanged against it.
+The moto server (:func:`persist.testing.moto_server`) runs in this process,
+on 127.0.0.1 with a port the OS picks, with fake credentials in the
+environment and conditional PUTs made atomic as on real S3. It is started
+only by tests that ask for S3.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
-import os
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,19 +15,7 @@ from typing import Any
 
 import pytest
 
-_FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_SECURITY_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    # Keep a developer's own AWS config out of the tests.
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
-_UNSET_AWS_ENV = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
-
-_MOTO_PUT_LOCK = threading.Lock()
+from persist.testing import moto_server
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,48 +24,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
-@contextlib.contextmanager
-def _atomic_moto_puts() -> Iterator[None]:
-    """Run moto's server-side PutObject handler under ``_MOTO_PUT_LOCK``."""
-    from moto.s3.responses import S3Response
-
-    original = S3Response.put_object
-
-    @functools.wraps(original)
-    def locked_put_object(self: Any) -> Any:
-        with _MOTO_PUT_LOCK:
-            return original(self)
-
-    S3Response.put_object = locked_put_object  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        S3Response.put_object = original  # type: ignore[method-assign]
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of an in-process moto server with atomic conditional PUTs."""
-    from moto.server import ThreadedMotoServer
-
-    # One INFO line per request from werkzeug is noise in test reports.
-    werkzeug_log = logging.getLogger("werkzeug")
-    old_level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.WARNING)
-    with pytest.MonkeyPatch.context() as mp, _atomic_moto_puts():
-        # Fake credentials must be in place before any client is created.
-        for name, value in _FAKE_AWS_ENV.items():
-            mp.setenv(name, value)
-        for name in _UNSET_AWS_ENV:
-            mp.delenv(name, raising=False)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
-            werkzeug_log.setLevel(old_level)
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")
