@@ -25,7 +25,7 @@ from persist.config import PersistConfig
 from persist.errors import ExternalError, InvalidUsage
 from persist.location import Blob
 from persist.machine import _backoff
-from persist.parts import PartRef, Run, encode_inline, sort_updates, write_part
+from persist.parts import PartRef, Run, encode_inline, runs_rows, runs_size, sort_updates, write_part
 from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
 
 _CHUNK_ROWS = 8192
@@ -51,11 +51,11 @@ class Batch:
 
     @property
     def rows(self) -> int:
-        return sum(r.rows for r in self.runs)
+        return runs_rows(self.runs)
 
     @property
     def size(self) -> int:
-        return sum(r.size for r in self.runs)
+        return runs_size(self.runs)
 
     @property
     def parts(self) -> list[PartRef]:

@@ -93,6 +93,23 @@ class Machine:
             return self.fetch()
         return self._state
 
+    def wait_for(self, pred: Callable[[ShardState], bool], wait_s: float) -> ShardState | None:
+        """A state satisfying ``pred`` (the cached one if it does), re-reading with
+        backoff for up to ``wait_s``; None if none did by then (after at least one read)."""
+        state = self.state()
+        if pred(state):
+            return state
+        deadline = time.monotonic() + wait_s
+        attempt = 0
+        while True:
+            state = self.fetch()
+            if pred(state):
+                return state
+            if time.monotonic() >= deadline:
+                return None
+            attempt += 1
+            _backoff(attempt)
+
     # ---- writing ---------------------------------------------------------------
 
     def apply(self, transition: Callable[[ShardState], tuple[T, bool]]) -> T:

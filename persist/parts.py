@@ -97,6 +97,16 @@ class Run:
         )
 
 
+def runs_rows(runs: tuple[Run, ...]) -> int:
+    """How many updates ``runs`` hold."""
+    return sum(r.rows for r in runs)
+
+
+def runs_size(runs: tuple[Run, ...]) -> int:
+    """How many bytes ``runs`` hold (parts and inline rows)."""
+    return sum(r.size for r in runs)
+
+
 def part_key(shard_id: str) -> str:
     """A fresh, unique blob key for a part of ``shard_id``.
 

@@ -10,7 +10,6 @@ changes only by compare-and-downgrade on its opaque token (fencing).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import pyarrow.compute as pc
 from persist.config import PersistConfig
 from persist.errors import CorruptObject, InvalidUsage, LeaseExpired, ReadBelowSince, ReadTimeout
 from persist.location import Blob
-from persist.machine import Machine, _backoff
+from persist.machine import Machine
 from persist.parts import MissingPart, Run, consolidate, read_run
 from persist.schema import Schema, check_ts
 from persist.state import CriticalReaderState, HollowBatch, LeasedReaderState, ShardState
@@ -61,23 +60,15 @@ class SnapshotPlan:
 
 def wait_for_upper(machine: Machine, as_of: int, wait_s: float) -> ShardState:
     """A state whose upper is past ``as_of``, or ReadTimeout after ``wait_s``."""
-    state = machine.state()
-    if state.upper > as_of:
-        return state
-    deadline = time.monotonic() + wait_s
-    attempt = 0
-    while True:
-        state = machine.fetch()
-        if state.upper > as_of:
-            return state
-        if time.monotonic() >= deadline:
-            raise ReadTimeout(
-                f"shard {machine.shard_id}: upper is {state.upper}, not past as_of {as_of} after "
-                f"waiting {wait_s}s; read at an as_of below the upper or wait for writers",
-                state.upper,
-            )
-        attempt += 1
-        _backoff(attempt)
+    state = machine.wait_for(lambda s: s.upper > as_of, wait_s)
+    if state is None:
+        upper = machine.state().upper
+        raise ReadTimeout(
+            f"shard {machine.shard_id}: upper is {upper}, not past as_of {as_of} after "
+            f"waiting {wait_s}s; read at an as_of below the upper or wait for writers",
+            upper,
+        )
+    return state
 
 
 def batch_tables(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from persist.codec import KIND_STATE, frame, unframe
 from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
-from persist.parts import Run
+from persist.parts import Run, runs_rows, runs_size
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,11 @@ class HollowBatch:
 
     @property
     def rows(self) -> int:
-        return sum(r.rows for r in self.runs)
+        return runs_rows(self.runs)
 
     @property
     def size(self) -> int:
-        return sum(r.size for r in self.runs)
+        return runs_size(self.runs)
 
     def to_json(self) -> dict:
         return {

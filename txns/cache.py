@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -29,7 +28,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import PersistClient, ReadHandle, ReadTimeout
-from persist.machine import _backoff
 from persist.parts import consolidate
 from persist.read import batch_tables, to_updates
 from persist.state import ShardState
@@ -184,20 +182,15 @@ class TxnsCache:
         if done():
             return
         wait = self.reader.config.read_wait_s if wait_s is None else wait_s
-        deadline = time.monotonic() + wait
-        attempt = 0
-        while True:
-            self.sync()
-            if done():
-                return
-            if time.monotonic() >= deadline:
-                raise ReadTimeout(
-                    f"txns shard {self.txns_id}: upper is {self.frontier}, not {want} after waiting {wait}s; "
-                    f"read below the txns upper, or commit (or advance) to a later time first",
-                    self.frontier,
-                )
-            attempt += 1
-            _backoff(attempt)
+        # after absorbing a state the frontier is its upper
+        state = self.machine.wait_for(lambda s: s.upper >= want, wait)
+        self._absorb(state if state is not None else self.machine.state())
+        if not done():
+            raise ReadTimeout(
+                f"txns shard {self.txns_id}: upper is {self.frontier}, not {want} after waiting {wait}s; "
+                f"read below the txns upper, or commit (or advance) to a later time first",
+                self.frontier,
+            )
 
     # ---- questions ---------------------------------------------------------------
 
