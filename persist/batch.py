@@ -24,8 +24,8 @@ from persist.codec import KIND_BATCH, frame, unframe
 from persist.config import PersistConfig
 from persist.errors import ExternalError, InvalidUsage
 from persist.location import Blob
-from persist.machine import _backoff
-from persist.parts import PartRef, Run, encode_inline, runs_rows, runs_size, sort_updates, write_part
+from persist.machine import backoff
+from persist.parts import PartRef, Run, encode_inline, part_key, runs_rows, runs_size, sort_updates, write_part
 from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
 
 _CHUNK_ROWS = 8192
@@ -106,8 +106,24 @@ class Batch:
             blob.delete(p.key)
 
 
+@dataclass
+class _Slot:
+    """One part of a builder: its rows until the upload succeeded, its key, its upload."""
+
+    key: str
+    table: pa.Table | None
+    future: Future[PartRef] | None
+    ref: PartRef | None = None
+
+
 class BatchBuilder:
     """Builds a :class:`Batch` with bounded memory.
+
+    Retry-safe: a storage failure in :meth:`add` means that row was not
+    added (nothing else changes); a storage failure in :meth:`finish`
+    leaves the builder whole, and calling ``finish`` again retries exactly
+    the uploads that failed (under the same part keys, so nothing leaks).
+    A finished builder returns the same batch from every ``finish`` call.
 
     >>> # builder = writer.builder(lower=0, upper=10)
     >>> # builder.add((1,), ("a",), 3, 1); batch = builder.finish()
@@ -130,32 +146,45 @@ class BatchBuilder:
         self.blob, self.shard_id, self.schema = blob, shard_id, schema
         self.lower, self.upper, self.config = lower, upper, config
         self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
+        self.id = uuid.uuid4().hex  # the batch's id, the same on every finish attempt
         self._rows: list = []
         self._tables: list[pa.Table] = []
         self._buffered = 0
-        self._parts: list[Future[PartRef]] = []
+        self._slots: list[_Slot] = []
         self._pool: ThreadPoolExecutor | None = None
         self._count = 0
-        self._done = False
+        self._result: Batch | None = None
 
     def add(self, key: tuple, val: tuple, ts: int, diff: int) -> None:
         """Add one update ``((key, val), ts, diff)``."""
+        self._check_open()
+        if len(self._rows) + 1 >= _CHUNK_ROWS:
+            self._make_room()
         self._rows.append(((key, val), ts, diff))
         if len(self._rows) >= _CHUNK_ROWS:
             self._take_rows()
 
     def add_updates(self, updates: Iterable) -> None:
         """Add updates ``((key, val), ts, diff)``; their shape is checked when rows are taken."""
+        self._check_open()
         for upd in updates:
+            if len(self._rows) + 1 >= _CHUNK_ROWS:
+                self._make_room()
             self._rows.append(upd)
             if len(self._rows) >= _CHUNK_ROWS:
                 self._take_rows()
 
     def add_table(self, table: pa.Table) -> None:
         """Add rows given as Arrow (key and val columns by name, ``ts``, ``diff``)."""
+        self._check_open()
         table = check_table(self.schema, table)
         self._check_times(table)
+        self._make_room()
         self._push(table)
+
+    def _check_open(self) -> None:
+        if self._result is not None:
+            raise InvalidUsage("this batch builder has already finished; start a new one")
 
     def _take_rows(self) -> None:
         if not self._rows:
@@ -188,61 +217,89 @@ class BatchBuilder:
             self._flush()
 
     def _flush(self) -> None:
+        """Hand the buffered rows to an upload (never waits, never fails)."""
         if not self._tables:
             return
         table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
         self._tables, self._buffered = [], 0
+        key = part_key(self.shard_id)
+        self._slots.append(_Slot(key, table, self._submit(key, table)))
+
+    def _submit(self, key: str, table: pa.Table) -> Future[PartRef]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.config.upload_parallelism)
-        # bound the bytes in flight: wait for the oldest upload when the pool is full
-        pending = [f for f in self._parts if not f.done()]
-        if len(pending) >= self.config.upload_parallelism:
-            pending[0].result()
-        self._parts.append(self._pool.submit(self._upload, table))
+        return self._pool.submit(self._upload, key, table)
 
-    def _upload(self, table: pa.Table) -> PartRef:
+    def _settle(self, slot: _Slot) -> None:
+        """Wait for ``slot``'s upload (starting it again if an earlier one failed); raise if it fails.
+
+        A failed upload keeps its rows, and the next call uploads them again.
+        """
+        if slot.ref is not None:
+            return
+        if slot.future is None:
+            assert slot.table is not None  # a slot keeps its rows until uploaded
+            slot.future = self._submit(slot.key, slot.table)
+        try:
+            slot.ref = slot.future.result()
+        except BaseException:
+            slot.future = None  # to be uploaded again by the next attempt
+            raise
+        slot.table = None  # uploaded: the rows need not stay in memory
+
+    def _make_room(self) -> None:
+        """Bound the bytes held: settle the oldest uploads while too many are unsettled.
+
+        Called before rows are accepted, so a failure here adds nothing.
+        """
+        open_slots = [s for s in self._slots if s.ref is None]
+        while len(open_slots) >= self.config.upload_parallelism:
+            self._settle(open_slots.pop(0))
+
+    def _upload(self, key: str, table: pa.Table) -> PartRef:
         """Write one part, retrying storage failures until ``retry_deadline_s`` (as every persist write does).
 
-        SUBTLE: a failed upload is kept in its future, and ``finish`` re-raises
-        it on every call: without this retry, one transient blob error made the
-        batch (and a transaction buffering it) impossible to ever finish. A
-        retry is safe: each attempt writes a fresh key (a failed attempt can at
-        worst leak an unreferenced part, for ``PersistClient.gc_leaked``).
+        Every attempt writes the slot's own key, so an attempt that landed
+        but reported a failure is overwritten, not leaked.
         """
         deadline = time.monotonic() + self.config.retry_deadline_s
         attempt = 0
         while True:
             try:
-                return write_part(self.blob, self.shard_id, table)
+                return write_part(self.blob, self.shard_id, table, key)
             except ExternalError:
                 attempt += 1
                 if time.monotonic() > deadline:
                     raise
-                _backoff(attempt)
+                backoff(attempt)
 
     def finish(self) -> Batch:
-        """Flush what is buffered, wait for every upload, and return the batch."""
-        if self._done:
-            raise InvalidUsage("this batch builder has already finished; start a new one")
+        """Flush what is buffered, wait for every upload, and return the batch.
+
+        On a storage failure the builder stays whole: call ``finish`` again.
+        """
+        if self._result is not None:
+            return self._result
         self._take_rows()
-        run = Run()
-        if not self._parts and self._tables:
+        if not self._slots and self._tables:
             table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
             inline = encode_inline(table)
             if len(inline) <= self.inline_max_bytes:
-                run = Run(inline=inline, rows=table.num_rows)
-                self._tables = []
+                self._tables, self._buffered = [], 0
+                return self._done((Run(inline=inline, rows=table.num_rows),))
         self._flush()
-        try:
-            refs = tuple(f.result() for f in self._parts)
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-        self._done = True
-        if refs:
-            run = Run(parts=refs, rows=sum(r.rows for r in refs))
-        runs = (run,) if run.rows else ()
-        return Batch(self.shard_id, uuid.uuid4().hex, self.lower, self.upper, runs, self.schema.to_text())
+        for slot in self._slots:
+            self._settle(slot)
+        refs = tuple(s.ref for s in self._slots if s.ref is not None)
+        return self._done((Run(parts=refs, rows=sum(r.rows for r in refs)),) if refs else ())
+
+    def _done(self, runs: tuple[Run, ...]) -> Batch:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._slots = []
+        self._result = Batch(self.shard_id, self.id, self.lower, self.upper, runs, self.schema.to_text())
+        return self._result
 
 
 __all__ = ["Batch", "BatchBuilder", "CLOSED"]

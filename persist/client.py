@@ -7,8 +7,8 @@ import time
 import uuid
 
 from persist.config import PersistConfig
-from persist.errors import InvalidUsage
-from persist.machine import Machine
+from persist.errors import ExternalError, InvalidUsage, note_write, operation
+from persist.machine import Machine, backoff
 from persist.parts import part_written_ms
 from persist.read import ReadHandle, SinceHandle
 from persist.schema import Schema, ShardId
@@ -40,8 +40,25 @@ class PersistClient:
 
     @staticmethod
     def open(url: str, config: PersistConfig | None = None) -> PersistClient:
-        """A client for the store at ``url``. See :func:`persist.url.open_location`."""
-        return PersistClient(open_location(url), config)
+        """A client for the store at ``url``. See :func:`persist.url.open_location`.
+
+        Transient storage failures while opening (the S3 bucket check) are
+        retried until ``config.retry_deadline_s``; bad input (a malformed URL,
+        a missing bucket, refused credentials) raises ``InvalidUsage`` at once.
+        """
+        config = config or PersistConfig()
+        deadline = time.monotonic() + config.retry_deadline_s
+        attempt = 0
+        while True:
+            try:
+                location = open_location(url)
+            except ExternalError:
+                attempt += 1
+                if time.monotonic() > deadline:
+                    raise
+                backoff(attempt)
+                continue
+            return PersistClient(location, config)
 
     @property
     def url(self) -> str:
@@ -146,7 +163,10 @@ class PersistClient:
         unapplied batch), and choose ``older_than_s`` longer than any write
         takes. Returns how many parts were deleted.
         """
-        sid = str(_shard_id(shard_id))
+        with operation("gc_leaked"):
+            return self._gc_leaked(str(_shard_id(shard_id)), older_than_s, keep)
+
+    def _gc_leaked(self, sid: str, older_than_s: float, keep: set[str] | None) -> int:
         state = self.machine(sid).fetch()
         live = state.part_keys() | {k for k, _ in state.garbage} | (keep or set())
         # part keys carry the wall-clock time they were written at (parts.part_key)
@@ -155,6 +175,7 @@ class PersistClient:
         for key in list(self.blob.list_keys(f"{sid}/parts/")):
             written = part_written_ms(key)
             if key not in live and written is not None and written <= horizon:
+                note_write()
                 self.blob.delete(key)
                 deleted += 1
         return deleted

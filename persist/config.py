@@ -28,6 +28,9 @@ class PersistConfig:
     - ``part_grace_s``: parts replaced by compaction are deleted this long
       after, so reads planned against an older state can finish.
     - ``read_wait_s``: how long a read waits for the upper to pass its as_of.
+    - ``reader_lease_s``: a leased reader's hold lapses this long after its
+      last renewal (reads renew it once a quarter of it has passed). It bounds
+      how long a killed process holds back compaction: 2 minutes by default.
     - ``retry_deadline_s``: how long an operation retries storage failures.
     """
 
@@ -39,7 +42,7 @@ class PersistConfig:
     part_grace_s: float = 300.0
     consensus_retention_s: float = 600.0
     gc_every_versions: int = 32
-    reader_lease_s: float = 900.0
+    reader_lease_s: float = 120.0
     writer_lease_s: float = 3600.0
     read_wait_s: float = 10.0
     retry_deadline_s: float = 30.0

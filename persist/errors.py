@@ -18,11 +18,25 @@ Few kinds, each telling the caller what to do:
 - ``ReadTimeout``: a read waited the bounded time for the upper to pass its
   ``as_of`` and gave up. Nothing was changed.
 
+The outcome rule, kept by every write path of persist and txns (append,
+batch append, since downgrades, register, forget, apply, commit,
+compaction, GC): once any attempt of an operation may have written, every
+later failure of that operation is ``Indeterminate``, whatever failed last
+(a read that would have told the outcome included). ``Determinate`` is only
+ever raised for an operation none of whose attempts can have landed. For a
+transaction, ``Indeterminate`` means: commit the same transaction again (its
+durable identity finds an earlier commit); ``Determinate`` means it did not
+commit.
+
 Lost compare-and-set races at the storage layer are values
 (:class:`persist.location.CaSResult`), never exceptions.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 
 class PersistError(Exception):
@@ -90,3 +104,51 @@ class ReadTimeout(PersistError):
 
 class LeaseExpired(PersistError):
     """A reader's lease expired; its hold on the since is gone. Open a new reader."""
+
+
+# ---- the outcome rule, applied ------------------------------------------------------
+
+
+class WriteTracker:
+    """Whether the operation being run may have written anything yet."""
+
+    __slots__ = ("may_have_written",)
+
+    def __init__(self) -> None:
+        self.may_have_written = False
+
+
+_OPERATION: ContextVar[WriteTracker | None] = ContextVar("persist_operation", default=None)
+
+
+def note_write() -> None:
+    """Record that the current operation may have written (a write was sent, or landed)."""
+    tracker = _OPERATION.get()
+    if tracker is not None:
+        tracker.may_have_written = True
+
+
+@contextlib.contextmanager
+def operation(what: str) -> Iterator[WriteTracker]:
+    """Run one user-visible operation under the outcome rule.
+
+    A storage failure leaving the block is re-raised as ``Indeterminate``
+    when anything inside may have written (see :func:`note_write`). Nested
+    operations belong to the outermost one. Work handed to other threads
+    joins the operation when run in a copy of the caller's context
+    (``contextvars.copy_context().run``).
+    """
+    outer = _OPERATION.get()
+    if outer is not None:
+        yield outer
+        return
+    tracker = WriteTracker()
+    token = _OPERATION.set(tracker)
+    try:
+        yield tracker
+    except ExternalError as e:
+        if tracker.may_have_written and not isinstance(e, Indeterminate):
+            raise Indeterminate(f"{what}: {e} (an earlier step of it may have written)") from e
+        raise
+    finally:
+        _OPERATION.reset(token)

@@ -29,16 +29,12 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from persist.config import PersistConfig
-from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch
+from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch, note_write
 from persist.location import CaSResult, Consensus
 from persist.state import ShardState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class NoChange:
-    """Returned (wrapped) by a transition that needs no write."""
 
 
 class Machine:
@@ -68,7 +64,7 @@ class Machine:
                 attempt += 1
                 if time.monotonic() > deadline:
                     raise
-                _backoff(attempt)
+                backoff(attempt)
                 continue
             if head is None:
                 state = ShardState(shard_id=self.shard_id)
@@ -108,7 +104,7 @@ class Machine:
             if time.monotonic() >= deadline:
                 return None
             attempt += 1
-            _backoff(attempt)
+            backoff(attempt)
 
     # ---- writing ---------------------------------------------------------------
 
@@ -117,49 +113,71 @@ class Machine:
 
         ``transition(state) -> (result, changed)``. It may raise to abort (for
         example UpperMismatch); nothing is written then.
+
+        Outcome rule (see :mod:`persist.errors`): once a compare-and-set of
+        this call may have reached storage, every later storage failure of
+        the call is raised as ``Indeterminate``, whatever failed last (a
+        read's failure included).
         """
         deadline = time.monotonic() + self.config.retry_deadline_s
-        state = self.state(max_age_s=self.config.consensus_retention_s / 2)
-        fresh = False
-        attempt = 0
-        while True:
-            new = state.clone()
-            now = self.config.clock_ms()
-            try:
-                result, changed = transition(new)
-            except UpperMismatch:
-                # SUBTLE: a cached state may lag; only a fresh one can refute.
-                if fresh:
-                    raise
-                state, fresh = self.fetch(), True
-                continue
-            if not changed:
-                return result
-            seqno = 1 if state.seqno is None else state.seqno + 1
-            new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
-            new.check()
-            data = new.encode()
-            started = time.monotonic()
-            try:
-                outcome = self.consensus.compare_and_set(self.key, state.seqno, data)
-            except (Determinate, Indeterminate) as e:
-                # SUBTLE: an indeterminate CAS may have committed. Re-read and
-                # re-run: the transition sees its own token and reports success.
+        may_have_written = False  # whether a CAS of this call may have landed
+        try:
+            state = self.state(max_age_s=self.config.consensus_retention_s / 2)
+            fresh = False
+            attempt = 0
+            while True:
+                new = state.clone()
+                now = self.config.clock_ms()
+                try:
+                    result, changed = transition(new)
+                except UpperMismatch:
+                    # SUBTLE: a cached state may lag; only a fresh one can refute.
+                    if fresh:
+                        # Appends check their own token before the upper: on a
+                        # fresh state this proves no CAS of this call landed.
+                        may_have_written = False
+                        raise
+                    state, fresh = self.fetch(), True
+                    continue
+                if not changed:
+                    return result  # (after a landed CAS: the transition saw its own token)
+                seqno = 1 if state.seqno is None else state.seqno + 1
+                new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
+                new.check()
+                data = new.encode()
+                started = time.monotonic()
+                try:
+                    outcome = self.consensus.compare_and_set(self.key, state.seqno, data)
+                except (Determinate, Indeterminate) as e:
+                    # SUBTLE: an indeterminate CAS may have committed. Re-read and
+                    # re-run: the transition sees its own token and reports success.
+                    may_have_written = may_have_written or isinstance(e, Indeterminate)
+                    attempt += 1
+                    if time.monotonic() > deadline:
+                        raise
+                    log.debug("cas on %s failed (%s); retrying", self.key, e)
+                    backoff(attempt)
+                    state, fresh = self.fetch(), True
+                    continue
+                if outcome is CaSResult.COMMITTED:
+                    may_have_written = True
+                    new.seqno = seqno
+                    self._remember(new, started)
+                    if seqno % self.config.gc_every_versions == 0:
+                        self.truncate_old_versions()
+                    return result
+                # SUBTLE: a MISMATCH may be our own write: a client library's
+                # internal retry of a CAS that landed gets "already exists".
+                may_have_written = True
                 attempt += 1
-                if time.monotonic() > deadline:
-                    raise
-                log.debug("cas on %s failed (%s); retrying", self.key, e)
-                _backoff(attempt)
                 state, fresh = self.fetch(), True
-                continue
-            if outcome is CaSResult.COMMITTED:
-                new.seqno = seqno
-                self._remember(new, started)
-                if seqno % self.config.gc_every_versions == 0:
-                    self.truncate_old_versions()
-                return result
-            attempt += 1
-            state, fresh = self.fetch(), True
+        except ExternalError as e:
+            if may_have_written and not isinstance(e, Indeterminate):
+                raise Indeterminate(f"{e} (an earlier attempt of this write may have landed)") from e
+            raise
+        finally:
+            if may_have_written:
+                note_write()
 
     def truncate_old_versions(self) -> int:
         """Delete consensus versions older than the newest mark past the retention."""
@@ -177,5 +195,6 @@ class Machine:
             return 0
 
 
-def _backoff(attempt: int) -> None:
+def backoff(attempt: int) -> None:
+    """Sleep before retry number ``attempt``: exponential from 10 ms, capped at 0.5 s, jittered."""
     time.sleep(min(0.5, 0.005 * (2 ** min(attempt, 8))) * (0.5 + random.random()))

@@ -141,10 +141,15 @@ def encode_parquet(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
-def write_part(blob: Blob, shard_id: str, table: pa.Table) -> PartRef:
-    """Write ``table`` (already sorted) as a new part; return its ref."""
+def write_part(blob: Blob, shard_id: str, table: pa.Table, key: str | None = None) -> PartRef:
+    """Write ``table`` (already sorted) as a part; return its ref.
+
+    ``key``: the part's key (default: a fresh one). Writing the same table to
+    the same key again is idempotent, so a retried upload reuses its key and
+    an attempt that landed but reported a failure leaks nothing.
+    """
     data = encode_parquet(table)
-    key = part_key(shard_id)
+    key = key or part_key(shard_id)
     blob.set(key, data)
     return PartRef(key=key, rows=table.num_rows, size=len(data), crc=crc32c(data))
 

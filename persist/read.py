@@ -123,10 +123,14 @@ class ReadHandle:
                 f"{self.config.reader_lease_s}s without heartbeat, or expire() called); open a new reader"
             )
 
+    def heartbeat_due(self) -> bool:
+        """Whether a quarter of the lease has passed since the last renewal (the lazy heartbeat rule)."""
+        return self.config.clock_ms() - self._heartbeat_ms >= self.config.reader_lease_s * 250
+
     def heartbeat(self, force: bool = False) -> None:
         """Renew the lease (done by every read once a quarter of it has passed)."""
         now = self.config.clock_ms()
-        if not force and now - self._heartbeat_ms < self.config.reader_lease_s * 250:
+        if not force and not self.heartbeat_due():
             return
         lease_ms = int(self.config.reader_lease_s * 1000)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from persist.batch import Batch, BatchBuilder
 from persist.compact import apply_merged, merge_batches
 from persist.config import PersistConfig
-from persist.errors import CorruptObject, ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch
+from persist.errors import CorruptObject, ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch, note_write, operation
 from persist.location import Blob
 from persist.machine import Machine
 from persist.parts import MissingPart
@@ -96,7 +96,7 @@ class WriteHandle:
         try:
             appended = self._append_batches([batch], expected_upper, new_upper, token)
         except UpperMismatch:
-            batch.delete(self.blob)
+            _delete_quietly(self.blob, [p.key for p in batch.parts])  # never appended
             raise
         if not appended:
             # A retry recognised by its token: an earlier call's batch is the one
@@ -106,9 +106,7 @@ class WriteHandle:
             # references these parts, and deleting them would lose data.
             state = self.machine.state()
             live = state.part_keys() | {k for k, _ in state.garbage}
-            for p in batch.parts:
-                if p.key not in live:
-                    self.blob.delete(p.key)
+            _delete_quietly(self.blob, [p.key for p in batch.parts if p.key not in live])
 
     def compare_and_append_batch(
         self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None = None
@@ -185,6 +183,10 @@ class WriteHandle:
 
     def compact(self, max_rounds: int = 4) -> int:
         """Run up to ``max_rounds`` compactions the policy asks for. Returns how many applied."""
+        with operation("compact"):
+            return self._compact(max_rounds)
+
+    def _compact(self, max_rounds: int) -> int:
         applied = 0
         for _ in range(max_rounds):
             state = self.machine.state()
@@ -214,11 +216,16 @@ class WriteHandle:
 
     def collect_garbage(self) -> int:
         """Delete retired parts older than the grace period; forget them in the state."""
+        with operation("collect_garbage"):
+            return self._collect_garbage()
+
+    def _collect_garbage(self) -> int:
         state = self.machine.state()
         horizon = self.config.clock_ms() - int(self.config.part_grace_s * 1000)
         due = [k for k, at in state.garbage if at <= horizon]
         if not due:
             return 0
+        note_write()
         for k in due:
             self.blob.delete(k)
         gone = set(due)
@@ -238,3 +245,16 @@ class WriteHandle:
             return None, s.writers.pop(self.writer_id, None) is not None
 
         self.machine.apply(transition)
+
+
+def _delete_quietly(blob: Blob, keys: Iterable[str]) -> None:
+    """Delete parts nothing references, best effort: a failure leaks them for ``gc_leaked``.
+
+    (The operation that calls this has its outcome already: a failed
+    clean-up must not be reported as its failure.)
+    """
+    for key in keys:
+        try:
+            blob.delete(key)
+        except ExternalError as e:
+            log.debug("deleting unreferenced part %s failed (left for gc_leaked): %s", key, e)

@@ -171,9 +171,11 @@ def test_bad_arrow_tables(s: Shard) -> None:
         builder.add_table(pa.table({"k": ["x"], "v": ["a"], "ts": [3], "diff": [1]}))
     with pytest.raises(InvalidUsage, match=r"update time 9 is outside the batch bounds \[3, 5\)"):
         builder.add_table(pa.table({"k": [1], "v": ["a"], "ts": [9], "diff": [1]}))
-    assert builder.finish().rows == 0, "nothing bad was kept"
+    batch = builder.finish()
+    assert batch.rows == 0, "nothing bad was kept"
+    assert builder.finish() is batch, "finish is idempotent: a retried finish returns the same batch"
     with pytest.raises(InvalidUsage, match="already finished"):
-        builder.finish()
+        builder.add((1,), ("a",), 3, 1)
     assert shard_blob_keys(s.client, s.shard) == {p.key for p in s.writer.machine.state().batches[0].runs[0].parts}
 
 

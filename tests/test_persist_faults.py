@@ -304,7 +304,8 @@ def test_blob_set_faults_leave_no_trace_but_a_leaked_part(backend: tuple[str, Pa
     patient.faults.fail_next(Op.BLOB_SET, Fault.AFTER)
     pw.compare_and_append([upd(2, "b", 1)], 1, 2)
     assert patient.faults.counters[Op.BLOB_SET].injected == 2
-    assert patient.clean.gc_leaked(shard, older_than_s=0) == 1, "the upload that timed out after writing"
+    # the retry wrote the same key again, so the upload that timed out after writing leaked nothing
+    assert patient.clean.gc_leaked(shard, older_than_s=0) == 0
     assert patient.clean.open_leased_reader(shard, SCHEMA).snapshot_and_fetch(1) == [upd(1, "a", 1), upd(2, "b", 1)]
 
 

@@ -497,6 +497,7 @@ def _faulty_setup() -> tuple[Store, Faults, TxnsHandle, str]:
     h = TxnsHandle.open(store.client(), new_id())
     d = new_id()
     h.register(1, {d: SCHEMA})
+    h.prepare_commit()  # the commits shard's schema, so the faults below hit the commit itself
     return store, faults, h, d
 
 

@@ -21,6 +21,7 @@ from persist.location import Blob, Consensus
 from persist.mem import MemBlob, MemConsensus
 from persist.unreliable import CountingBlob, CountingConsensus, Counters, Faults, UnreliableBlob, UnreliableConsensus
 from persist.url import Location
+from txns.commits import commits_shard_id
 from txns import TXNS_SCHEMA, Entry
 
 T = TypeVar("T")
@@ -179,8 +180,12 @@ class Recorder:
         self.calls.clear()
 
 
-def txns_shard_contents(client: PersistClient, txns_id: str) -> list[tuple[Entry, int]]:
-    """The txns shard's consolidated contents at ``upper - 1``, read with a plain persist reader."""
+def txns_shard_contents(client: PersistClient, txns_id: str, records: bool = False) -> list[tuple[Entry, int]]:
+    """The txns shard's consolidated contents at ``upper - 1``, read with a plain persist reader.
+
+    Entries of the system commits shard (registration and commit records) are
+    left out unless ``records``.
+    """
     upper = client.machine(txns_id).fetch().upper
     if upper == 0:
         return []
@@ -189,7 +194,9 @@ def txns_shard_contents(client: PersistClient, txns_id: str) -> list[tuple[Entry
         ups = reader.snapshot_and_fetch(upper - 1)
     finally:
         reader.expire()
-    return [(Entry.from_kv(k, v), diff) for (k, v), _ts, diff in ups]
+    commits = commits_shard_id(txns_id)
+    entries = [(Entry.from_kv(k, v), diff) for (k, v), _ts, diff in ups]
+    return [(e, d) for e, d in entries if records or e.data_id != commits]
 
 
 def direct_snapshot(client: PersistClient, shard: str, as_of: int) -> list:

@@ -13,8 +13,14 @@ Invariants:
   or after ``since``. Every write below ``since`` is applied (the txns
   shard's since never passes an unapplied write; see ``TxnsHandle.compact_to``),
   so reads at ``as_of < since`` need no write times.
-- The cache's leased reader holds the txns shard's since at or below
+- A holding cache's leased reader holds the txns shard's since at or below
   ``frontier - 1``, so compaction never moves a time the cache has not read.
+  A cache without a hold (``hold=False``: one-off uses such as the CLI, so
+  that a killed process holds nothing) restarts from a fresh snapshot
+  whenever the shard's since has reached its frontier. Either way the cache
+  only ever reads batches whose times past its frontier compaction has not
+  moved. A holding cache's lease lapses ``reader_lease_s`` after its last
+  use (a killed process's hold with it); the cache then restarts likewise.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import PersistClient, ReadHandle, ReadTimeout
-from persist.parts import consolidate
-from persist.read import batch_tables, to_updates
+from persist.parts import MissingPart, consolidate
+from persist.read import batch_tables, fetch_plan, plan_at, to_updates
 from persist.state import ShardState
 from txns.entries import TXNS_SCHEMA, Entry
 
@@ -62,13 +68,18 @@ class ListenNext:
 class TxnsCache:
     """The txns shard as of ``frontier``. Obtain it with ``TxnsHandle.read_cache()``."""
 
-    def __init__(self, client: PersistClient, txns_id: str, handle: object | None = None) -> None:
+    def __init__(self, client: PersistClient, txns_id: str, handle: object | None = None, hold: bool = True) -> None:
         self.client = client
         self.txns_id = txns_id
         self._handle = handle
+        self.hold = hold
+        self.reader: ReadHandle | None = None
         self._start()
 
     def _start(self) -> None:
+        if not self.hold:
+            self._start_unheld()
+            return
         client, txns_id = self.client, self.txns_id
         reader = client.open_leased_reader(txns_id, TXNS_SCHEMA)
         state = reader.machine.state()
@@ -85,12 +96,29 @@ class TxnsCache:
             with contextlib.suppress(Exception):
                 reader.expire()
             raise
-        self.reader: ReadHandle = reader
-        self.machine = self.reader.machine
+        self.reader = reader
+        self.machine = reader.machine
+        self._reset(reader.since, state, snapshot)
+
+    def _start_unheld(self) -> None:
+        """Start from a snapshot at the shard's since, holding nothing."""
+        self.machine = self.client.machine(self.txns_id)
+        for attempt in range(3):
+            state = self.machine.fetch()
+            try:
+                plan = plan_at(state, TXNS_SCHEMA, state.since) if state.upper > state.since else None
+                snapshot = fetch_plan(self.client.blob, plan, self.client.config.retry_deadline_s) if plan else None
+                break
+            except MissingPart:  # compaction retired a part after we planned: plan again
+                if attempt == 2:
+                    raise
+        self._reset(state.since, state, snapshot)
+
+    def _reset(self, since: int, state: ShardState, snapshot: list | None) -> None:
         self.registrations: dict[str, list[Registration]] = defaultdict(list)
         self.entries: dict[Entry, int] = {}
         self.writes: dict[str, list[int]] = defaultdict(list)
-        self.since = self.reader.since
+        self.since = since
         self._held = self.since
         if snapshot is not None:
             for (key, val), _ts, diff in snapshot:
@@ -127,9 +155,13 @@ class TxnsCache:
 
     def _absorb(self, state: ShardState) -> None:
         """Process every batch of ``state`` past the frontier."""
-        if self.reader.reader_id not in state.leased and state.seqno is not None:
+        if self.reader is not None and self.reader.reader_id not in state.leased and state.seqno is not None:
             # SUBTLE: our lease lapsed, so compaction may have moved times we
             # have not read. Start over from a fresh snapshot.
+            self._start()
+            return
+        if self.reader is None and state.since > self.since and state.since >= self.frontier:
+            # Without a hold, compaction may pass our frontier: start over likewise.
             self._start()
             return
         for batch in state.batches:
@@ -156,10 +188,21 @@ class TxnsCache:
                 if i:
                     del w[:i]
         # Move the hold (and renew the lease) lazily: it costs a write to the txns shard.
-        cfg = self.reader.config
-        if cfg.clock_ms() - self.reader._heartbeat_ms > cfg.reader_lease_s * 250:
-            self._held = max(self._held, self.frontier - 1)
+        if self.reader is not None and self.reader.heartbeat_due():
+            self.advance_hold()
+
+    def advance_hold(self) -> None:
+        """Move this cache's hold up to ``frontier - 1`` (everything below it has been read)."""
+        if self.reader is not None and self.frontier - 1 > self._held:
+            self._held = self.frontier - 1
             self.reader.downgrade_since(self._held)
+        elif self.reader is not None:
+            self.reader.heartbeat(force=True)
+
+    def release(self) -> None:
+        """Drop this cache's hold on the txns shard (if it has one)."""
+        if self.reader is not None:
+            self.reader.expire()
 
     def sync_cached(self) -> None:
         """Catch up with the state this process already holds (no storage request)."""
@@ -181,7 +224,7 @@ class TxnsCache:
         self.sync_cached()
         if done():
             return
-        wait = self.reader.config.read_wait_s if wait_s is None else wait_s
+        wait = self.client.config.read_wait_s if wait_s is None else wait_s
         # after absorbing a state the frontier is its upper
         state = self.machine.wait_for(lambda s: s.upper >= want, wait)
         self._absorb(state if state is not None else self.machine.state())

@@ -28,10 +28,17 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from persist import (
     InvalidUsage,
@@ -43,15 +50,32 @@ from persist import (
     UpperMismatch,
     WriteHandle,
 )
-from persist.parts import MissingPart
-from persist.read import SnapshotPlan, fetch_plan, plan_at
+from persist.errors import operation
+from persist.parts import MissingPart, consolidate, read_run
+from persist.read import SnapshotPlan, at_as_of, fetch_plan, plan_at
 from persist.schema import check_ts
 from txns.cache import TxnsCache
+from txns.commits import COMMIT_RECORD_MAX_BYTES, COMMITS_SCHEMA, CommitRecord, commits_shard_id, encode_info
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.txn import Tidy, Txn
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _operation(what: str) -> Callable[[F], F]:
+    """Run a handle method under the outcome rule (:func:`persist.errors.operation`)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with operation(what):
+                return fn(*args, **kwargs)
+
+        return cast(F, run)
+
+    return wrap
 
 CRITICAL_READER = "txns-critical-since"
 TXNS_INLINE_MAX = 256 << 10
@@ -62,6 +86,9 @@ TXNS_COMPACTED_INLINE_MAX = 64 << 10
 
 class TxnsHandle:
     """A handle on one txns shard. Any number may be open, in any number of processes.
+
+    A handle serves one thread at a time: give each thread its own (they may
+    share one ``PersistClient``). Its idempotency tokens are per handle.
 
     >>> import pyarrow as pa
     >>> from persist import PersistClient, Schema, ShardId
@@ -79,7 +106,7 @@ class TxnsHandle:
     [((('b',), ()), 3, 1)]
     """
 
-    def __init__(self, client: PersistClient, txns_id: str) -> None:
+    def __init__(self, client: PersistClient, txns_id: str, hold: bool = True) -> None:
         self.client = client
         self.txns_id = txns_id
         self.writer: WriteHandle = client.open_writer(txns_id, TXNS_SCHEMA, inline_max_bytes=TXNS_INLINE_MAX)
@@ -89,15 +116,24 @@ class TxnsHandle:
         # Maintenance runs after the cache has absorbed the commit (see _append),
         # so this handle never reads back the parts its own compaction writes.
         self.writer.auto_maintain = False
-        self.cache = TxnsCache(client, txns_id, self)
+        self.cache = TxnsCache(client, txns_id, self, hold=hold)
         self._since: SinceHandle | None = None
         self._data_writers: dict[str, WriteHandle] = {}
         self._schemas: dict[str, Schema] = {}
         self._commits = 0
+        #: the system data shard holding a commit record per transaction (see txns.commits)
+        self.commits_id = commits_shard_id(txns_id)
+        self._commits_schema_registered = False
 
     @staticmethod
-    def open(client: PersistClient, txns_id: ShardId | str, init_ts: int = 0) -> TxnsHandle:
-        """Open the txns shard ``txns_id``, initializing it (upper at ``init_ts``) if new."""
+    def open(client: PersistClient, txns_id: ShardId | str, init_ts: int = 0, hold: bool = True) -> TxnsHandle:
+        """Open the txns shard ``txns_id``, initializing it (upper at ``init_ts``) if new.
+
+        ``hold=False``: the handle holds nothing on the txns shard (for
+        one-off work such as a CLI command, so a killed process holds back
+        no compaction); its cache restarts from a snapshot if compaction
+        passes it, which long-lived handles avoid by holding (the default).
+        """
         check_ts(init_ts, "init_ts")
         txns_id = str(txns_id) if isinstance(txns_id, ShardId) else str(ShardId.parse(str(txns_id)))
         client.register_schema(txns_id, TXNS_SCHEMA)
@@ -109,15 +145,17 @@ class TxnsHandle:
                     w.compare_and_append([], 0, init_ts)
                 except UpperMismatch:
                     pass
-        return TxnsHandle(client, txns_id)
+        return TxnsHandle(client, txns_id, hold=hold)
 
     def close(self) -> None:
         """Release this handle's hold on the txns shard (its cache's leased reader).
 
         Open handles hold the txns shard's since at what they have read; a
-        handle that is dropped without closing holds it until its lease lapses.
+        handle that is dropped without closing (or whose process is killed)
+        holds it until its lease lapses: ``reader_lease_s`` (120 s by
+        default) after its last use.
         """
-        self.cache.reader.expire()
+        self.cache.release()
 
     def __enter__(self) -> TxnsHandle:
         return self
@@ -151,13 +189,16 @@ class TxnsHandle:
         data_id = str(data_id)
         w = self._data_writers.get(data_id)
         if w is None:
-            w = self.client.open_writer(data_id, self.data_schema(data_id))
+            # commit records always ride inline in the commit (metadata is bounded: txns.commits)
+            inline = COMMIT_RECORD_MAX_BYTES * 2 if data_id == self.commits_id else None
+            w = self.client.open_writer(data_id, self.data_schema(data_id), inline_max_bytes=inline)
             w.auto_maintain = False  # apply_le runs it after the (metadata-only) applies
             self._data_writers[data_id] = w
         return w
 
     # ---- registration -----------------------------------------------------------------
 
+    @_operation("register")
     def register(self, register_ts: int, datas: Mapping[str | ShardId, Schema]) -> None:
         """Register data shards (with their schemas) at ``register_ts``. Idempotent.
 
@@ -209,6 +250,7 @@ class TxnsHandle:
             if self._append(updates, upper, register_ts, token=None):
                 return
 
+    @_operation("forget")
     def forget(self, forget_ts: int, data_ids: Iterable[str | ShardId]) -> None:
         """Retire data shards from the txns set at ``forget_ts``, applying their pending writes first.
 
@@ -260,22 +302,64 @@ class TxnsHandle:
                 self._fill(d, regs[-1].forget_ts)
 
     def forget_all(self, forget_ts: int) -> None:
-        """Forget every registered data shard at ``forget_ts``."""
+        """Forget every registered data shard (not the system commits shard) at ``forget_ts``."""
         self.cache.sync()
-        self.forget(forget_ts, list(self.cache.registered_now()))
+        self.forget(forget_ts, [d for d in self.cache.registered_now() if d != self.commits_id])
 
     # ---- commits ---------------------------------------------------------------------
 
-    def begin(self) -> Txn:
-        """A new, empty transaction."""
-        return Txn(self)
+    def begin(self, txn_id: str | None = None, metadata: Mapping[str, Any] | None = None) -> Txn:
+        """A new, empty transaction.
 
-    def commit_entries(self, ts: int, adds: list[Entry], tidy: Tidy, data_ids: tuple[str, ...], token: str) -> None:
-        """Commit ``adds`` (and retract ``tidy``) at ``ts``. Used by ``Txn.commit_at``."""
+        ``txn_id``: its identity (default: random). Committing a transaction
+        whose id already committed returns that commit instead, so a job
+        that may run twice (a retried task, a replayed stream batch) can name
+        its output. ``metadata``: JSON-serializable, recorded with the commit.
+        """
+        return Txn(self, txn_id=txn_id, metadata=metadata)
+
+    def prepare_commit(self) -> None:
+        """Make sure the commits shard has its schema (once per handle; no-op write after the first)."""
+        if not self._commits_schema_registered:
+            self.client.register_schema(self.commits_id, COMMITS_SCHEMA)
+            self._schemas[self.commits_id] = COMMITS_SCHEMA
+            self._commits_schema_registered = True
+
+    def commit_entries(
+        self,
+        ts: int,
+        adds: list[Entry],
+        tidy: Tidy,
+        data_ids: tuple[str, ...],
+        token: str,
+        txn_id: str | None = None,
+        uncertain: bool = False,
+        tables: Mapping[str, int] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Commit ``adds`` (and retract ``tidy``) at ``ts``; return the commit time. Used by ``Txn.commit_at``.
+
+        With ``txn_id`` (and data in ``adds``) a commit record goes in the
+        same conditional write. With ``uncertain`` (an earlier attempt may
+        have landed), every try first looks the transaction up at the very
+        upper it then commits against, and returns the earlier commit's
+        time if there is one: no commit can slip in between the look-up and
+        the compare-and-append, so the transaction commits at most once
+        even when copies of it are retried concurrently.
+        """
+        record = txn_id is not None and bool(adds)
+        batch_ids = {e.decode_batch().id for e in adds} if uncertain else set()
         fresh = False  # whether the txns state was read from storage in this call
         while True:
             self.cache.sync_cached()
             upper = self.cache.frontier
+            if uncertain and txn_id is not None and adds:
+                earlier = self._find_commit(txn_id, batch_ids, upper)
+                if earlier is not None:
+                    tidy.entries.clear()  # they were retracted by that commit, or are still for later
+                    return earlier
+                if self.cache.frontier != upper:
+                    continue  # the look-up caught up with newer commits: look again there
             if ts < upper:
                 if not fresh:
                     self.cache.sync()
@@ -289,7 +373,7 @@ class TxnsHandle:
                     # past ts. Raising TimestampUnavailable here told the caller
                     # to commit again higher: the same batches twice.
                     tidy.entries.clear()
-                    return
+                    return ts
                 raise TimestampUnavailable("commit", ts, upper)
             for d in data_ids:
                 if not self.cache.registered_at(d, ts):
@@ -304,6 +388,8 @@ class TxnsHandle:
                     break
             else:
                 updates = [e.update(ts, 1) for e in adds]
+                if record and txn_id is not None:
+                    updates += self._record_updates(txn_id, ts, tables or {}, metadata or {})
                 # SUBTLE: retract only entries present as of `upper`; the CaA below
                 # fails if anything (another tidy included) landed since.
                 updates += [e.update(ts, -1) for e in tidy.entries if self.cache.present(e)]
@@ -312,22 +398,79 @@ class TxnsHandle:
                     self._commits += 1
                     if self._commits % 16 == 0:
                         self._maybe_compact()
-                    return
+                    return ts
                 fresh = True  # the lost compare-and-append read the state afresh
 
-    def committed_at(self, batch_ids: set[str]) -> int | None:
-        """The commit time of an entry (present in the log now) carrying one of ``batch_ids``, if any.
+    def _record_updates(self, txn_id: str, ts: int, tables: Mapping[str, int], metadata: Mapping[str, Any]) -> list:
+        """The txns-shard updates adding ``txn_id``'s commit record at ``ts`` (registering the commits shard if new)."""
+        w = self.data_writer(self.commits_id)
+        row = ((txn_id,), (ts, int(time.time() * 1000), encode_info(dict(tables), dict(metadata))))
+        batch = w.batch([(row, ts, 1)], ts, ts + 1)  # inline: no blob write
+        updates = [Entry(ts, self.commits_id, batch.to_bytes()).update(ts, 1)]
+        if not self.cache.registered_at(self.commits_id, ts):
+            # Registered in the same write as its first record. Its upper is
+            # still 0 (nothing writes it outside commits), so registering at ts is valid.
+            updates.append(Entry(ts, self.commits_id, b"").update(ts, 1))
+        return updates
 
-        Entries stay in the log until applied and tidied, so this finds a
-        commit of these batches unless it was already tidied away.
+    def _find_commit(self, txn_id: str, batch_ids: set[str], upper: int) -> int | None:
+        """The commit time of ``txn_id`` if it committed below ``upper``, else None.
+
+        Unapplied and untidied commits are found in the log by their batch
+        ids; tidied ones by their commit record.
         """
-        if not batch_ids:
+        for e in self.cache.entries:
+            if e.ts < upper and not e.is_registration and e.data_id != self.commits_id:
+                if e.decode_batch().id in batch_ids:
+                    return e.ts
+        rec = self._lookup_record(txn_id, upper)
+        return rec.ts if rec is not None else None
+
+    def _lookup_record(self, txn_id: str, upper: int) -> CommitRecord | None:
+        """``txn_id``'s commit record among the commits below ``upper``, or None."""
+        if upper == 0 or not self.cache.registered_at(self.commits_id, upper - 1):
             return None
+        table = self._records_table(upper - 1, pc.field("txn_id") == txn_id)
+        rows = table.to_pylist()
+        if not rows:
+            return None
+        r = rows[0]
+        return CommitRecord.from_row(r["txn_id"], r["commit_ts"], r["wall_ms"], r["info"])
+
+    def _records_table(self, as_of: int, predicate: pc.Expression | None = None) -> pa.Table:
+        """The commit records at ``as_of`` (consolidated; diff column dropped), optionally filtered."""
+        snap = self.data_snapshot(self.commits_id, as_of)
+        for attempt in range(3):
+            try:
+                tables = []
+                for run in snap.plan().runs:
+                    for t in read_run(self.client.blob, run, COMMITS_SCHEMA.arrow, self.client.config.retry_deadline_s):
+                        if predicate is not None:
+                            t = t.filter(predicate)
+                        tables.append(at_as_of(t, as_of))
+                break
+            except MissingPart:
+                self.data_writer(self.commits_id).machine.fetch()  # retired by compaction: plan again
+                if attempt == 2:
+                    raise
+        arrow = COMMITS_SCHEMA.arrow
+        table = consolidate(pa.concat_tables(tables)) if tables else arrow.empty_table()
+        return table.filter(pc.greater(table.column("diff"), 0)).select(["txn_id", "commit_ts", "wall_ms", "info"])
+
+    def commit_record(self, txn_id: str) -> CommitRecord | None:
+        """The commit record of transaction ``txn_id`` as of the current txns upper, or None."""
+        if not isinstance(txn_id, str):
+            raise InvalidUsage(f"a transaction id is a string, got {type(txn_id).__name__}")
         self.cache.sync()
-        for e in sorted(self.cache.entries):
-            if e.decode_batch().id in batch_ids:
-                return e.ts
-        return None
+        return self._lookup_record(txn_id, self.cache.frontier)
+
+    def commit_records(self, as_of: int) -> pa.Table:
+        """Every commit record at ``as_of``: an Arrow table (txn_id, commit_ts, wall_ms, info), ordered by commit_ts."""
+        check_ts(as_of, "as_of")
+        self.cache.update_gt(as_of)
+        if not self.cache.registered_at(self.commits_id, as_of):
+            return pa.table({n: pa.array([], COMMITS_SCHEMA.arrow.field(n).type) for n in ("txn_id", "commit_ts", "wall_ms", "info")})
+        return self._records_table(as_of).sort_by([("commit_ts", "ascending"), ("txn_id", "ascending")])
 
     def _last_append_was(self, token: str) -> bool:
         """Whether this handle's latest append to the txns shard (as last read) carried ``token``."""
@@ -353,6 +496,7 @@ class TxnsHandle:
 
     # ---- apply -----------------------------------------------------------------------
 
+    @_operation("apply")
     def apply_le(self, ts: int, only: set[str] | None = None) -> Tidy:
         """Apply every committed write at or before ``ts`` (or before the upper) to its data shard.
 
@@ -380,8 +524,10 @@ class TxnsHandle:
         for d in per_shard:
             self.data_writer(d)  # open writers here, not racing in the pool
         if len(per_shard) > 1:
+            # each task runs in a copy of this context, so its writes count for this operation
+            tasks = [(contextvars.copy_context(), d) for d in sorted(per_shard)]
             with ThreadPoolExecutor(max_workers=min(8, len(per_shard))) as pool:
-                list(pool.map(apply_shard, sorted(per_shard)))
+                list(pool.map(lambda t: t[0].run(apply_shard, t[1]), tasks))
         else:
             for d in per_shard:
                 apply_shard(d)
@@ -414,6 +560,7 @@ class TxnsHandle:
 
     # ---- compaction ------------------------------------------------------------------
 
+    @_operation("compact_to")
     def compact_to(self, since: int) -> int:
         """Advance the txns shard's critical since toward ``since``; never past an unapplied write.
 
@@ -439,10 +586,7 @@ class TxnsHandle:
         # nothing consolidate for minutes and the txns shard grows with
         # history meanwhile. Safe: the cache has read every time below its
         # frontier, so compaction up to frontier - 1 moves nothing it has not read.
-        cache = self.cache
-        if cache.frontier - 1 > cache._held:
-            cache.reader.downgrade_since(cache.frontier - 1)
-            cache._held = cache.frontier - 1
+        self.cache.advance_hold()
         return res.since
 
     def _maybe_compact(self) -> None:

@@ -107,7 +107,7 @@ class DataSubscribe:
         assert self.frontier is not None
         if self.frontier - 1 > self.reader.since:
             cfg = self.reader.config
-            if cfg.clock_ms() - self.reader._heartbeat_ms > cfg.reader_lease_s * 250:
+            if self.reader.heartbeat_due():
                 # SUBTLE: best effort. step() calls this after moving the frontier
                 # past the events it is about to return; raising here dropped
                 # them (the caller never saw them, and the next step starts

@@ -7,6 +7,22 @@ commit time (metadata only) and commits pointers to them with one
 compare-and-append on the txns shard. If the time is taken, it raises
 ``TimestampUnavailable`` and stays valid: committing again at a later time
 re-timestamps the same batches without rewriting any data.
+
+Exactly once. A transaction has an id (random, or given to ``begin``); every
+commit of one that carries data records the id in the commits shard in the
+same conditional write (:mod:`txns.commits`). Invariants:
+
+- Any failure inside ``commit_at`` leaves the transaction committable:
+  builders and part uploads are retry-safe (uploaded parts are reused,
+  failed ones uploaded again under the same keys).
+- Once an attempt may have landed (or the transaction came from bytes, or
+  its id was given), the transaction is *uncertain*: the next attempt first
+  looks its id up, at the txns upper it then commits against, and returns
+  the earlier commit if there is one. So retrying the same transaction (this
+  object, or one rebuilt with ``from_bytes``, on any handle, in any process,
+  at any time) never commits it twice.
+- A committed transaction returns its first result from every later
+  ``commit_at``.
 """
 
 from __future__ import annotations
@@ -14,13 +30,16 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMismatch
+from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch
 from persist.codec import KIND_TXN, frame, unframe
+from persist.errors import operation
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
+from txns.commits import COMMIT_RECORD_MAX_BYTES
 from txns.entries import Entry
 
 if TYPE_CHECKING:
@@ -58,13 +77,30 @@ class Txn:
     Start one with ``TxnsHandle.begin()``. See :mod:`txns` for an example.
     """
 
-    def __init__(self, handle: TxnsHandle | None = None) -> None:
-        self.id = uuid.uuid4().hex
+    def __init__(
+        self, handle: TxnsHandle | None = None, txn_id: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        if txn_id is not None and (not isinstance(txn_id, str) or not 0 < len(txn_id) <= 256):
+            raise InvalidUsage(f"a transaction id must be a non-empty string of at most 256 characters, got {txn_id!r}")
+        try:
+            text = json.dumps(dict(metadata or {}))
+        except (TypeError, ValueError) as e:
+            raise InvalidUsage(f"transaction metadata must be a JSON-serializable mapping: {e}") from None
+        if len(text) > COMMIT_RECORD_MAX_BYTES:
+            raise InvalidUsage(
+                f"transaction metadata is {len(text)} bytes as JSON; at most {COMMIT_RECORD_MAX_BYTES} are "
+                f"recorded with a commit: keep large data in a table"
+            )
+        self.metadata: dict[str, Any] = json.loads(text)
+        self.id = txn_id if txn_id is not None else uuid.uuid4().hex
         self._handle = handle
         self._builders: dict[str, BatchBuilder] = {}
         self._batches: dict[str, list[Batch]] = {}
         self._tidy = Tidy()
-        self._uncertain = False  # whether an earlier commit attempt may have landed
+        # Whether an earlier commit attempt (here or elsewhere) may have landed.
+        # A caller-chosen id may have been committed by anyone already.
+        self._uncertain = txn_id is not None
+        self._committed: TxnApply | None = None
 
     # ---- building ---------------------------------------------------------------
 
@@ -144,17 +180,35 @@ class Txn:
         other._batches, other._tidy = {}, Tidy()
 
     def _finish_builders(self) -> None:
-        """Finish every shard's builder, uploading the shards' last parts in parallel."""
-        items = list(self._builders.items())
+        """Finish every shard's builder, uploading the shards' last parts in parallel.
+
+        Retry-safe: a builder that finished moves its batch over; one that
+        failed stays, and the next call retries just its failed uploads.
+        Raises the first failure after every builder had its try.
+        """
+        items = sorted(self._builders.items())
+
+        def finish(item: tuple[str, BatchBuilder]) -> Batch | BaseException:
+            try:
+                return item[1].finish()
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the others finished
+                return e
+
         if len(items) > 1:
             with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-                batches = list(pool.map(lambda item: item[1].finish(), items))
+                results = list(pool.map(finish, items))
         else:
-            batches = [b.finish() for _, b in items]
-        for (d, _), batch in zip(items, batches, strict=True):
-            if batch.rows:
-                self._batches.setdefault(d, []).append(batch)
-        self._builders = {}
+            results = [finish(item) for item in items]
+        failure: BaseException | None = None
+        for (d, _), res in zip(items, results, strict=True):
+            if isinstance(res, BaseException):
+                failure = failure or res
+                continue
+            del self._builders[d]
+            if res.rows:
+                self._batches.setdefault(d, []).append(res)
+        if failure is not None:
+            raise failure
 
     @property
     def data_ids(self) -> tuple[str, ...]:
@@ -172,21 +226,23 @@ class Txn:
         self._finish_builders()
         j = {
             "id": self.id,
+            "metadata": self.metadata,
             "batches": {d: [base64.b64encode(b.to_bytes()).decode() for b in bs] for d, bs in self._batches.items()},
             "tidy": [[e.ts, e.data_id, base64.b64encode(e.batch).decode()] for e in sorted(self._tidy.entries)],
-            "uncertain": self._uncertain,
         }
         return frame(KIND_TXN, json.dumps(j, separators=(",", ":")).encode())
 
     @staticmethod
     def from_bytes(data: bytes, handle: TxnsHandle | None = None) -> Txn:
-        """A transaction from :meth:`to_bytes`; bound to ``handle`` if given (else at commit)."""
+        """A transaction from :meth:`to_bytes`; bound to ``handle`` if given (else at commit).
+
+        Its commit first looks up whether a copy of it committed already (the
+        bytes may have been committed elsewhere), and if so returns that commit.
+        """
         j = json.loads(unframe("serialized txn", data, KIND_TXN))
-        txn = Txn(handle)
-        txn.id = j["id"]
+        txn = Txn(handle, txn_id=j["id"], metadata=j.get("metadata"))
         txn._batches = {d: [Batch.from_bytes(base64.b64decode(b)) for b in bs] for d, bs in j["batches"].items()}
         txn._tidy = Tidy({Entry(ts, d, base64.b64decode(b)) for ts, d, b in j["tidy"]})
-        txn._uncertain = bool(j.get("uncertain", False))
         return txn
 
     # ---- committing ----------------------------------------------------------------
@@ -197,31 +253,44 @@ class Txn:
         Raises TimestampUnavailable (with ``.upper``) if the txns shard is
         past ``commit_ts``, and NotRegistered if a written shard is not
         registered at ``commit_ts``; nothing is committed then, and this
-        transaction can be committed again at a later time.
+        transaction can be committed again at a later time. ``Determinate``:
+        it did not commit. ``Indeterminate``: it may have; commit it again
+        (at any time): an earlier commit is found and returned, never repeated.
+        A transaction that committed returns the same result from every call.
         """
         check_ts(commit_ts, "commit_ts")
+        if self._committed is not None:
+            return self._committed
         self._bind(handle)
-        self._finish_builders()
+        handle.prepare_commit()
+        self._finish_builders()  # a failure here leaves the transaction committable
+        data_ids = tuple(sorted(self._batches))
         adds = [
             Entry(commit_ts, d, b.rewrite_ts(commit_ts, upper=commit_ts + 1).to_bytes())
-            for d in sorted(self._batches)
+            for d in data_ids
             for b in self._batches[d]
             if b.rows
         ]
-        data_ids = tuple(sorted(self._batches))
-        if self._uncertain:
-            # SUBTLE: an earlier attempt may have committed (it reported
-            # Indeterminate, or this txn came from bytes and was maybe committed
-            # elsewhere). Its entries are in the log until applied and tidied:
-            # if they are, that commit stands and this one must not repeat it.
-            ids = {b.id for bs in self._batches.values() for b in bs if b.rows}
-            done = handle.committed_at(ids)
-            if done is not None:
-                return TxnApply(done, data_ids)
-        try:
-            handle.commit_entries(commit_ts, adds, self._tidy, data_ids, token=f"txn-{self.id}-{commit_ts}")
-        except Indeterminate:
-            self._uncertain = True
-            raise
+        tables = {d: sum(b.rows for b in self._batches[d]) for d in data_ids}
+        with operation("commit") as op:
+            if self._uncertain:
+                op.may_have_written = True  # an earlier attempt may have landed
+            try:
+                done = handle.commit_entries(
+                    commit_ts,
+                    adds,
+                    self._tidy,
+                    data_ids,
+                    token=f"txn-{self.id}-{commit_ts}",
+                    txn_id=self.id,
+                    uncertain=self._uncertain,
+                    tables=tables,
+                    metadata=self.metadata,
+                )
+            except BaseException:
+                if op.may_have_written:
+                    self._uncertain = True
+                raise
         self._uncertain = False
-        return TxnApply(commit_ts, data_ids)
+        self._committed = TxnApply(done, data_ids)
+        return self._committed
