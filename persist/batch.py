@@ -24,7 +24,7 @@ from persist.codec import KIND_BATCH, frame, unframe
 from persist.config import PersistConfig
 from persist.errors import ExternalError, InvalidUsage
 from persist.location import Blob
-from persist.machine import backoff
+from persist.retry import backoff
 from persist.parts import PartRef, Run, encode_inline, part_key, runs_rows, runs_size, sort_updates, write_part
 from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
 

@@ -8,7 +8,8 @@ import uuid
 
 from persist.config import PersistConfig
 from persist.errors import ExternalError, InvalidUsage, note_write, operation
-from persist.machine import Machine, backoff
+from persist.machine import Machine
+from persist.retry import backoff
 from persist.parts import part_written_ms
 from persist.read import ReadHandle, SinceHandle
 from persist.schema import Schema, ShardId

@@ -22,7 +22,6 @@ Invariants kept here:
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import TypeVar
 from persist.config import PersistConfig
 from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch, note_write
 from persist.location import CaSResult, Consensus
+from persist.retry import backoff
 from persist.state import ShardState
 
 T = TypeVar("T")
@@ -193,8 +193,3 @@ class Machine:
         except ExternalError as e:  # best effort: the next GC tries again
             log.debug("truncate of %s failed: %s", self.key, e)
             return 0
-
-
-def backoff(attempt: int) -> None:
-    """Sleep before retry number ``attempt``: exponential from 10 ms, capped at 0.5 s, jittered."""
-    time.sleep(min(0.5, 0.005 * (2 ** min(attempt, 8))) * (0.5 + random.random()))

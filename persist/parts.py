@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from persist.codec import FORMAT_VERSION, crc32c
 from persist.errors import CorruptObject, ExternalError
 from persist.location import Blob
+from persist.retry import backoff
 
 PARQUET_META = {b"persist.format": str(FORMAT_VERSION).encode()}
 
@@ -225,7 +226,7 @@ def get_retrying(blob: Blob, key: str, deadline_s: float = 30.0) -> bytes | None
             attempt += 1
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)))
+            backoff(attempt)
 
 
 def consolidate(table: pa.Table, advance_to: int | None = None) -> pa.Table:

@@ -156,6 +156,11 @@ class ShardState:
             assert self.batches[-1].upper == self.upper, "last batch upper != shard upper"
         for b in self.batches[1:]:
             assert b.rows > 0, "an empty batch after the first"
+        for b in self.batches:  # (2) a batch's since is a since the shard had
+            assert b.since <= self.since, f"batch {b.id} since {b.since} is past the shard since {self.since}"
+            assert b.lower < b.upper, f"batch {b.id} has an empty interval [{b.lower}, {b.upper})"
+        for wid, w in self.writers.items():  # (4) a writer's token names an append
+            assert w.token, f"writer {wid} has no token"
 
     @property
     def lower(self) -> int:

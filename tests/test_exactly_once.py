@@ -372,3 +372,38 @@ def test_a_lapsed_lease_releases_the_txns_shard_since() -> None:
     state = store.client().machine(h.txns_id).fetch()
     assert dead_reader.reader_id not in state.leased, "the dead holder's lease lapsed"
     assert state.since == h.upper - 1, "nothing holds the since back any more"
+
+
+# ---- the commit helper ------------------------------------------------------------------------
+
+
+def test_commit_helper_retries_taken_times_and_commits_once() -> None:
+    store, h, d0, _ = _setup(PersistConfig())
+    other = TxnsHandle.open(store.client(), h.txns_id)
+    t = h.begin()
+    t.write(d0, (1,), ("a",), 1)
+    for _ in range(3):  # another handle takes the next times first
+        o = other.begin()
+        o.write(d0, (9,), ("o",), 1)
+        other.commit(o)
+    res = h.commit(t, at=1)
+    assert res.commit_ts == other.upper == 5
+    assert h.commit(t) == res, "a committed transaction returns its commit"
+    with pytest.raises(Exception, match="max_attempts must be at least 1"):
+        h.commit(h.begin(), max_attempts=0)
+
+
+def test_reading_the_cached_upper_never_fails_on_a_lease_renewal() -> None:
+    now = [1_000_000]
+    faults = Faults(seed=9)
+    config = PersistConfig(reader_lease_s=10.0, retry_deadline_s=0.0, clock_ms=lambda: now[0])
+    store, h, d0, _ = _setup(config, faults)
+    upper = h.upper
+    now[0] += 5_000  # past a quarter of the lease: the next catch-up renews it
+    faults.fail_next(Op.CAS, Fault.DETERMINATE, n=5)
+    assert h.upper == upper, "a failed renewal is deferred, not raised from a cached read"
+    faults.clear()
+    now[0] += 1_000
+    assert h.upper == upper  # and renewed once storage answers
+    state = store.client().machine(h.txns_id).fetch()
+    assert state.leased[h.cache.reader.reader_id].heartbeat_ms == now[0]  # type: ignore[union-attr]

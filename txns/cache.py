@@ -26,6 +26,8 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import enum
+import logging
 import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,11 +35,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import PersistClient, ReadHandle, ReadTimeout
+from persist import ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout
 from persist.parts import MissingPart, consolidate
 from persist.read import batch_tables, fetch_plan, plan_at, to_updates
 from persist.state import ShardState
 from txns.entries import TXNS_SCHEMA, Entry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,17 +55,19 @@ class Registration:
         return self.register_ts <= ts and (self.forget_ts is None or ts < self.forget_ts)
 
 
+class ListenKind(enum.StrEnum):
+    """What a listener does next (see :class:`ListenNext`)."""
+
+    READ_DATA_TO = "read_data_to"  # read the data shard up to ``upper``: there are writes below it
+    EMIT_PROGRESS = "emit_progress"  # no writes below ``upper``: emit it as progress without reading
+    WAIT = "wait"  # wait for the txns shard to pass ``upper``
+
+
 @dataclass(frozen=True)
 class ListenNext:
-    """What a listener of a data shard at ``ts`` should do next (see ``data_listen_next``).
+    """What a listener of a data shard at ``ts`` should do next (see ``data_listen_next``)."""
 
-    ``kind`` is ``"read_data_to"`` (read the data shard up to ``upper``: there
-    are writes below it), ``"emit_progress"`` (no writes below ``upper``: emit
-    it as progress without reading), or ``"wait"`` (wait for the txns shard
-    to pass ``upper``).
-    """
-
-    kind: str
+    kind: ListenKind
     upper: int
 
 
@@ -83,13 +89,12 @@ class TxnsCache:
         client, txns_id = self.client, self.txns_id
         reader = client.open_leased_reader(txns_id, TXNS_SCHEMA)
         state = reader.machine.state()
-        # SUBTLE: read the snapshot before resetting anything. On a restart (our
-        # lease lapsed) a storage error here used to leave this cache emptied
-        # (no entries, no registrations) at its old frontier, with the new
-        # reader in place so it never restarted again: it then carried on as if
-        # no write were pending, and compact_to advanced the since past
-        # unapplied writes (reads below it then filled over them: lost writes).
-        # Now a failure keeps the old, lapsed reader and the next use restarts.
+        # SUBTLE: read the snapshot before resetting anything. A restart (our
+        # lease lapsed) that failed after resetting would leave this cache
+        # empty at its old frontier with a live reader, so it would never
+        # restart: it would carry on as if no write were pending, and
+        # compact_to would pass unapplied writes (lost writes). A failure
+        # keeps the old, lapsed reader, so the next use restarts.
         try:
             snapshot = reader.snapshot_and_fetch(reader.since) if state.upper > reader.since else None
         except BaseException:
@@ -188,8 +193,12 @@ class TxnsCache:
                 if i:
                     del w[:i]
         # Move the hold (and renew the lease) lazily: it costs a write to the txns shard.
+        # Best effort: catching up must not fail for it (a lapsed lease restarts the cache).
         if self.reader is not None and self.reader.heartbeat_due():
-            self.advance_hold()
+            try:
+                self.advance_hold()
+            except (ExternalError, LeaseExpired) as e:
+                log.debug("renewing the txns cache's hold deferred: %s", e)
 
     def advance_hold(self) -> None:
         """Move this cache's hold up to ``frontier - 1`` (everything below it has been read)."""
@@ -270,13 +279,13 @@ class TxnsCache:
     def data_listen_next(self, data_id: str, ts: int) -> ListenNext:
         """What a listener of ``data_id`` that has emitted everything below ``ts`` should do next."""
         if ts >= self.frontier:
-            return ListenNext("wait", self.frontier)
+            return ListenNext(ListenKind.WAIT, self.frontier)
         if ts < self.since:
-            return ListenNext("read_data_to", self.since)
+            return ListenNext(ListenKind.READ_DATA_TO, self.since)
         w = self.next_write_ge(data_id, ts)
         if w is not None and w < self.frontier:
-            return ListenNext("read_data_to", w + 1)
-        return ListenNext("emit_progress", self.frontier)
+            return ListenNext(ListenKind.READ_DATA_TO, w + 1)
+        return ListenNext(ListenKind.EMIT_PROGRESS, self.frontier)
 
     def data_snapshot(self, data_id: str, as_of: int):  # type: ignore[no-untyped-def]
         """A snapshot of ``data_id`` at ``as_of``, made readable (see ``TxnsHandle.snapshot``)."""

@@ -58,7 +58,7 @@ from txns.cache import TxnsCache
 from txns.commits import COMMIT_RECORD_MAX_BYTES, COMMITS_SCHEMA, CommitRecord, commits_shard_id, encode_info
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import NotRegistered, TimestampUnavailable
-from txns.txn import Tidy, Txn
+from txns.txn import Tidy, Txn, TxnApply
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -317,6 +317,27 @@ class TxnsHandle:
         its output. ``metadata``: JSON-serializable, recorded with the commit.
         """
         return Txn(self, txn_id=txn_id, metadata=metadata)
+
+    def commit(self, txn: Txn, at: int | None = None, max_attempts: int = 1000) -> TxnApply:
+        """Commit ``txn`` at the first free time at or after ``at`` (default: the current upper).
+
+        A taken time is retried at the upper the refusal names, without
+        rewriting any data, up to ``max_attempts`` times (then the last
+        ``TimestampUnavailable`` is raised). Storage errors follow the rules
+        of ``Txn.commit_at``: after ``Indeterminate`` call this again with
+        the same ``txn``; it commits at most once.
+        """
+        if max_attempts < 1:
+            raise InvalidUsage(f"max_attempts must be at least 1, got {max_attempts}")
+        ts = self.upper if at is None else check_ts(at, "at")
+        for attempt in range(max_attempts):
+            try:
+                return txn.commit_at(self, ts)
+            except TimestampUnavailable as e:
+                if attempt == max_attempts - 1:
+                    raise
+                ts = max(ts, e.upper)
+        raise AssertionError("unreachable")
 
     def prepare_commit(self) -> None:
         """Make sure the commits shard has its schema (once per handle; no-op write after the first)."""

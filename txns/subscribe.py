@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from persist import ExternalError, PersistClient, Progress, ShardId, Updates
 from persist.read import Listen
 from persist.schema import check_ts
+from txns.cache import ListenKind
 from txns.handle import TxnsHandle
 
 log = logging.getLogger(__name__)
@@ -72,16 +73,16 @@ class DataSubscribe:
             self.frontier = self.as_of + 1
             return [Updates(snap), Progress(self.frontier)]
         nxt = cache.data_listen_next(self.data_id, self.frontier)
-        if nxt.kind == "wait":
+        if nxt.kind is ListenKind.WAIT:
             try:
                 cache.update_gt(self.frontier, wait_s=wait_s)
             except Exception:  # noqa: BLE001 - ReadTimeout: nothing new yet
                 return []
             nxt = cache.data_listen_next(self.data_id, self.frontier)
-            if nxt.kind == "wait":
+            if nxt.kind is ListenKind.WAIT:
                 return []
         target = nxt.upper if self.until is None else min(nxt.upper, self.until)
-        if nxt.kind == "emit_progress":
+        if nxt.kind is ListenKind.EMIT_PROGRESS:
             self.frontier = target
             self._hold()
             return [Progress(target)]
