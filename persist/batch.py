@@ -12,7 +12,6 @@ any size.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,9 +21,9 @@ import pyarrow as pa
 
 from persist.codec import KIND_BATCH, frame, unframe
 from persist.config import PersistConfig
-from persist.errors import ExternalError, InvalidUsage
+from persist.errors import InvalidUsage
 from persist.location import Blob
-from persist.retry import backoff
+from persist.retry import retry_storage
 from persist.parts import PartRef, Run, encode_inline, part_key, runs_rows, runs_size, sort_updates, write_part
 from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
 
@@ -262,16 +261,7 @@ class BatchBuilder:
         Every attempt writes the slot's own key, so an attempt that landed
         but reported a failure is overwritten, not leaked.
         """
-        deadline = time.monotonic() + self.config.retry_deadline_s
-        attempt = 0
-        while True:
-            try:
-                return write_part(self.blob, self.shard_id, table, key)
-            except ExternalError:
-                attempt += 1
-                if time.monotonic() > deadline:
-                    raise
-                backoff(attempt)
+        return retry_storage(lambda: write_part(self.blob, self.shard_id, table, key), self.config.retry_deadline_s)
 
     def finish(self) -> Batch:
         """Flush what is buffered, wait for every upload, and return the batch.

@@ -7,9 +7,9 @@ import time
 import uuid
 
 from persist.config import PersistConfig
-from persist.errors import ExternalError, InvalidUsage, note_write, operation
+from persist.errors import InvalidUsage, note_write, operation
 from persist.machine import Machine
-from persist.retry import backoff
+from persist.retry import retry_storage
 from persist.parts import part_written_ms
 from persist.read import ReadHandle, SinceHandle
 from persist.schema import Schema, ShardId
@@ -48,18 +48,7 @@ class PersistClient:
         a missing bucket, refused credentials) raises ``InvalidUsage`` at once.
         """
         config = config or PersistConfig()
-        deadline = time.monotonic() + config.retry_deadline_s
-        attempt = 0
-        while True:
-            try:
-                location = open_location(url)
-            except ExternalError:
-                attempt += 1
-                if time.monotonic() > deadline:
-                    raise
-                backoff(attempt)
-                continue
-            return PersistClient(location, config)
+        return PersistClient(retry_storage(lambda: open_location(url), config.retry_deadline_s), config)
 
     @property
     def url(self) -> str:

@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from persist.codec import FORMAT_VERSION, crc32c
-from persist.errors import CorruptObject, ExternalError
+from persist.errors import CorruptObject
 from persist.location import Blob
-from persist.retry import backoff
+from persist.retry import retry_storage
 
 PARQUET_META = {b"persist.format": str(FORMAT_VERSION).encode()}
 
@@ -217,16 +217,7 @@ def read_run(blob: Blob, run: Run, schema: pa.Schema, retry_deadline_s: float = 
 
 def get_retrying(blob: Blob, key: str, deadline_s: float = 30.0) -> bytes | None:
     """``blob.get(key)``, retrying failed gets (they change nothing) for up to ``deadline_s``."""
-    deadline = time.monotonic() + deadline_s
-    attempt = 0
-    while True:
-        try:
-            return blob.get(key)
-        except ExternalError:
-            attempt += 1
-            if time.monotonic() >= deadline:
-                raise
-            backoff(attempt)
+    return retry_storage(lambda: blob.get(key), deadline_s)
 
 
 def consolidate(table: pa.Table, advance_to: int | None = None) -> pa.Table:

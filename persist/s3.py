@@ -265,8 +265,23 @@ class S3Blob(_S3Base, Blob):
         return iter(keys)
 
 
+HEAD_HINT_EVERY = 64
+"""Every this many versions, a committer records the seqno in the key's head hint (one extra PUT)."""
+_HEAD_HINT = "head-hint"
+
+
 class S3Consensus(_S3Base, Consensus):
-    """Versions as objects under ``<prefix>/consensus/<key>/<20-digit seqno>``."""
+    """Versions as objects under ``<prefix>/consensus/<key>/<20-digit seqno>``.
+
+    Cheap opens: a key keeps versions for the retention period (thousands at
+    a high write rate), and S3 lists only upwards, so finding the head with
+    no hint would list every one. The committer of every
+    ``HEAD_HINT_EVERY``-th version also writes ``<key>/head-hint`` (its
+    seqno; best effort, unconditional). A head lookup without a hint reads
+    it and lists from there: at most about ``HEAD_HINT_EVERY`` versions. The
+    hint is only ever a lower bound of the head (versions only grow; a
+    stale or missing hint costs a longer listing, never a wrong answer).
+    """
 
     def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         super().__init__(client, bucket, prefix, "consensus")
@@ -290,8 +305,25 @@ class S3Consensus(_S3Base, Consensus):
                     break
         return out
 
+    def _read_head_hint(self, key: str, what: str) -> int | None:
+        """The seqno in ``key``'s head hint, or None (absent, unreadable, malformed)."""
+        try:
+            data = self._get_bytes(f"{self._dir(key)}{_HEAD_HINT}", what)
+        except ExternalError:
+            return None  # only an optimization: the full listing decides
+        text = data.decode("ascii", "replace").strip() if data else ""
+        return int(text) if text.isdigit() else None
+
+    def _write_head_hint(self, key: str, seqno: int) -> None:
+        try:
+            self._client.put_object(Bucket=self._bucket, Key=f"{self._dir(key)}{_HEAD_HINT}", Body=str(seqno).encode())
+        except Exception:  # noqa: BLE001 - best effort: a missing hint costs a longer listing only
+            pass
+
     def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         what = f"s3 consensus head {self._where(self._dir(key))}"
+        if hint is None:
+            hint = self._read_head_hint(key, what)
         for _ in range(_MAX_RELISTS):
             # With a hint, list from it: one short page instead of every
             # version kept for the retention period. Versions only grow, so
@@ -322,6 +354,8 @@ class S3Consensus(_S3Base, Consensus):
             raise classify(e, True, what, _ATTEMPTS.count) from e
         except Exception as e:
             raise classify(e, True, what, _ATTEMPTS.count) from e
+        if next_seqno(expected) % HEAD_HINT_EVERY == 0:
+            self._write_head_hint(key, next_seqno(expected))
         return CaSResult.COMMITTED
 
     def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:

@@ -3,8 +3,9 @@
 Accepted forms::
 
     mem://NAME                                  in-process, shared by NAME (tests)
-    file://PATH                                 a local directory, created if missing
-                                                (file:///abs/path or file://rel/path)
+    file:///ABSOLUTE/PATH                       a local directory, created if missing
+                                                (file://localhost/ABSOLUTE/PATH too; a host name
+                                                such as file://tmp/x is refused: it is not a path)
     s3://BUCKET[/PREFIX][?endpoint_url=URL&region=REGION]
                                                 S3 or an S3-compatible store
 
@@ -17,7 +18,8 @@ Example::
 
 Credentials never go in a URL: S3 credentials come from boto3's standard
 chain, and a URL carrying userinfo or a secret-looking query parameter is
-refused (without echoing the secret). Use :func:`redact` before logging a URL.
+refused (without echoing the secret). Use :func:`redact` before logging a URL:
+it keeps the URL exactly as the user typed it, less any secret.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from persist.errors import InvalidUsage
 from persist.location import Blob, Consensus
@@ -58,26 +60,35 @@ class Location:
 
 
 def redact(url: str) -> str:
-    """``url`` fit for logs: userinfo dropped, secret-looking query values replaced.
+    """``url`` fit for messages and logs: exactly as typed, less userinfo and secret-looking query values.
 
     Query values that are URLs themselves (``endpoint_url``) are redacted too.
+    Nothing else is rewritten, so messages quote the URL the user typed.
     """
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    netloc = parts.netloc.rpartition("@")[2]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = "&".join(f"{k}={_redact_value(k, v)}" for k, v in pairs)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _redact_value(name: str, value: str) -> str:
-    if _SECRETISH.search(name):
-        return _REDACTED
-    return redact(value) if "://" in value else value
+    out = url
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rpartition("@")[0] + "@"
+        out = out.replace("//" + userinfo, "//", 1)
+    if parts.query:
+        pieces = []
+        for piece in parts.query.split("&"):
+            name, eq, value = piece.partition("=")
+            if eq and _SECRETISH.search(unquote(name)):
+                piece = f"{name}={_REDACTED}"
+            elif eq and "://" in unquote(value):
+                inner = unquote(value)
+                red = redact(inner)
+                if red != inner:
+                    piece = f"{name}={red}"
+            pieces.append(piece)
+        query = "&".join(pieces)
+        if query != parts.query:
+            out = out.replace("?" + parts.query, "?" + query, 1)
+    return out
 
 
 def _bad(url: str, why: str) -> InvalidUsage:
@@ -124,6 +135,14 @@ def _open_file(url: str, rest: str) -> Location:
         path = path[len("localhost") :]
     if not path:
         raise _bad(url, "file:// needs a PATH")
+    if not path.startswith("/"):
+        host = path.split("/", 1)[0]
+        raise _bad(
+            url,
+            f"{host!r} is read as a host name, and file:// URLs take no host (a relative path is not "
+            f"allowed either); for a local directory give its absolute path with three slashes, "
+            f"e.g. file:///absolute/path",
+        )
     root = Path(path).expanduser()
     try:
         root.mkdir(parents=True, exist_ok=True)

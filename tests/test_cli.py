@@ -95,17 +95,22 @@ def test_inspect_json_reports_what_was_committed(store: Store) -> None:
     assert j["url"] == store.url
     assert j["upper"] == 6  # the commit at 5 closed the txns shard up to 6
     assert 0 <= j["since"] <= 5
-    assert j["registered"] == {store.d0: {"register_ts": 1}, store.d1: {"register_ts": 1}}
+    rec = j["commits_shard"]  # the commit records, registered with the first commit (at 2)
+    assert j["registered"] == {store.d0: {"register_ts": 1}, store.d1: {"register_ts": 1}, rec: {"register_ts": 2}}
     entries = [(e["data_id"], e["commit_ts"], e["rows"], e["applied"]) for e in j["entries"]]
     # the commit at 2 is applied (tidied only by a later commit); the one at 5 is not
-    assert sorted(entries) == sorted([(store.d0, 2, 1, True), (store.d1, 2, 1, True), (store.d1, 5, 2, False)])
-    assert all(e["parts"] == 1 for e in j["entries"])
-    assert j["unapplied"] == 1
+    assert sorted(entries) == sorted(
+        [(store.d0, 2, 1, True), (store.d1, 2, 1, True), (rec, 2, 1, True), (store.d1, 5, 2, False), (rec, 5, 1, False)]
+    )
+    assert all(e["parts"] == (0 if e["data_id"] == rec else 1) for e in j["entries"]), "records ride inline"
+    assert j["unapplied"] == 2
     d0, d1 = j["data_shards"][store.d0], j["data_shards"][store.d1]
     assert (d0["physical_upper"], d0["logical_upper"], d0["since"], d0["rows"]) == (3, 6, 0, 1)
     assert (d1["physical_upper"], d1["logical_upper"], d1["rows"]) == (3, 6, 1)
     assert d0["registered"] and d0["register_ts"] == 1
-    assert set(j) == {"url", "txns_id", "upper", "since", "registered", "entries", "unapplied", "data_shards"}
+    assert set(j) == {
+        "url", "txns_id", "upper", "since", "registered", "commits_shard", "entries", "unapplied", "data_shards"
+    }
 
 
 def test_inspect_human(store: Store) -> None:
@@ -114,9 +119,9 @@ def test_inspect_human(store: Store) -> None:
     assert err == ""
     assert f"txns shard {store.txns_id}" in out
     assert "upper 6" in out
-    assert "registered data shards 2" in out
-    assert store.d0 in out and store.d1 in out
-    assert "3 (1 unapplied, 2 applied awaiting tidy)" in out
+    assert "registered data shards 3" in out
+    assert store.d0 in out and store.d1 in out and "(commit records)" in out
+    assert "5 (2 unapplied, 3 applied awaiting tidy)" in out
 
 
 def test_inspect_writes_nothing(store: Store) -> None:
@@ -142,8 +147,9 @@ def test_inspect_empty_txns_shard(tmp_path: Path) -> None:
 def test_apply_applies_and_tidies(store: Store) -> None:
     code, out, err = run("apply", store.url, store.txns_id)
     assert code == 0, err
-    assert "applied 1 entries (commit ts 5..5) to 1 data shards" in out
-    assert "tidied 3 entries with a commit at ts 6" in out
+    # the data entry and its commit record
+    assert "applied 2 entries (commit ts 5..5) to 2 data shards" in out
+    assert "tidied 5 entries with a commit at ts 6" in out
     j = inspect_json(store)
     assert j["upper"] == 7
     assert j["entries"] == [] and j["unapplied"] == 0
@@ -171,7 +177,7 @@ def test_apply_alongside_the_committer(store: Store) -> None:
     with pytest.raises(Exception, match="upper is 7"):
         txn.commit_at(store.handle, 6)
     tidy = txn.commit_at(store.handle, 7).apply(store.handle)
-    assert len(tidy) == 1
+    assert len(tidy) == 2, "the data entry and the commit record"
     assert [u[0] for u in fresh_snapshot(store, store.d0, 7)] == [((1,), ("a",)), ((9,), ("z",))]
 
 
@@ -231,7 +237,7 @@ def test_gc_deletes_leaked_keeps_referenced(store: Store) -> None:
     old = _leak_part(client, store.d1, age_s=2 * 86400)
     young = _leak_part(client, store.d1, age_s=60)
     j = inspect_json(store)
-    unapplied = [e for e in j["entries"] if not e["applied"]]
+    unapplied = [e for e in j["entries"] if not e["applied"] and e["data_id"] != j["commits_shard"]]
     assert len(unapplied) == 1
     referenced = set(client.blob.list_keys(f"{store.d1}/parts/")) - {old, young}
     assert referenced  # the parts of both commits to d1
@@ -377,30 +383,190 @@ def test_compact_with_spark(tmp_path: Path) -> None:
 # ---- the demo --------------------------------------------------------------------------
 
 
-@pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_demo_end_to_end(tmp_path: Path) -> None:
     demo_dir = tmp_path / "demo"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    r = subprocess.run(
-        [sys.executable, "-m", "txns", "demo", "--dir", str(demo_dir), "--txns", "20"],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=280,
-    )
+    argv = [sys.executable, "-m", "txns", "demo", "--dir", str(demo_dir), "--txns", "12"]
+    r = subprocess.run(argv, check=False, capture_output=True, text=True, cwd=tmp_path, timeout=280)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
-    assert "total = 100000 at all 22 timestamps" in out, out
     assert "Traceback" not in r.stderr
-    assert "committed and applied 21 transactions" in out
-    # the demo leaves a store the operator commands can read
-    ids = json.loads((demo_dir / "demo.json").read_text())
-    code, text, err = run("inspect", ids["url"], ids["txns_id"], "--json")
+    assert "one transaction created the tables (create accounts, create transfers, create audit)" in out
+    assert "committed 12 transfers" in out
+    assert "total = 100000 at all 13 commits" in out, out
+    assert "a time travel read by wall-clock time" in out
+    assert "to 8 (the live ones)" in out
+    assert "is before its retained history" in out and "6 transfers as of halfway" in out
+    # the demo leaves a database the commands can read, by its URL alone
+    url = f"file://{demo_dir}"
+    code, text, err = run("tables", url, "--json")
     assert code == 0, err
-    j = json.loads(text)
-    assert set(j["registered"]) == set(ids["tables"].values())
-    assert j["unapplied"] == 0
-    assert j["data_shards"][ids["tables"]["transfers"]]["rows"] == 20
+    assert {t["name"]: t["rows"] for t in json.loads(text)["tables"]} == {"accounts": 8, "transfers": 12, "audit": 13}
+    code, text, err = run("inspect", url, "--json")
+    assert code == 0, err
+    assert json.loads(text)["unapplied"] == 0
+    # run again in the same directory: the same database, its tables replaced in one transaction
+    r = subprocess.run(argv[:-1] + ["3"], check=False, capture_output=True, text=True, cwd=tmp_path, timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "drop accounts, create accounts" in r.stdout and "total = 100000 at all 4 commits" in r.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_demo_with_spark(tmp_path: Path) -> None:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    argv = [sys.executable, "-m", "txns", "demo", "--dir", str(tmp_path / "demo"), "--txns", "4", "--spark"]
+    r = subprocess.run(argv, check=False, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "read as a Spark DataFrame too: the same" in r.stdout
+
+
+# ---- database commands (a database found by its URL) ----------------------------------------
+
+
+def _db_with_data(tmp_path: Path) -> tuple[str, int, int]:
+    """A database with two tables; returns (url, ts of the first data commit, ts of the second)."""
+    import txns as txns_pkg
+
+    url = f"file://{tmp_path / 'db'}"
+    code, out, err = run("init", url)
+    assert code == 0, err
+    assert "created a database at" in out
+    db = txns_pkg.connect(url, create=False)
+    db.create_table("accounts", pa.schema([("account", pa.string()), ("balance", pa.int64())]))
+    with db.transaction(metadata={"job": "open"}) as t:
+        t.create_table("audit", pa.schema([("event", pa.string())]))
+        t.insert("accounts", [{"account": "alice", "balance": 100}, {"account": "bob", "balance": 5}])
+        t.insert("audit", [{"event": "open"}])
+    first = t.commit_info.ts
+    with db.transaction() as t:
+        t.retract("accounts", [{"account": "alice", "balance": 100}])
+        t.insert("accounts", [{"account": "alice", "balance": 60}])
+    second = t.commit_info.ts
+    db.close()
+    return url, first, second
+
+
+def test_init_is_idempotent_and_json(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'db'}"
+    code, out, err = run("init", url, "--json", "--retention-days", "2")
+    assert code == 0, err
+    j = json.loads(out)
+    assert j["created"] is True and j["url"] == url and j["retention_s"] == 2 * 86400 and j["tables"] == []
+    code, out, err = run("init", url)
+    assert code == 0, err
+    assert "already exists" in out and "nothing changed" in out
+    code, out, _ = run("init", url, "--json")
+    assert json.loads(out)["txns_id"] == j["txns_id"] and json.loads(out)["created"] is False
+
+
+def test_tables_show_history(tmp_path: Path) -> None:
+    url, first, second = _db_with_data(tmp_path)
+    code, out, err = run("tables", url, "--json")
+    assert code == 0, err
+    j = json.loads(out)
+    assert [(t["name"], t["rows"]) for t in j["tables"]] == [("accounts", 2), ("audit", 1)]
+    assert j["tables"][0]["columns"] == {"account": "string", "balance": "int64"}
+    code, out, _ = run("tables", url)
+    assert "accounts  2" in out and "account string, balance int64" in out
+
+    code, out, err = run("show", url, "accounts", "--json")
+    assert code == 0, err
+    j = json.loads(out)
+    assert sorted((r["account"], r["balance"]) for r in j["rows"]) == [("alice", 60), ("bob", 5)]
+    assert j["total_rows"] == 2 and j["as_of"] >= second
+    code, out, _ = run("show", url, "accounts", "--as-of", str(first), "--json")
+    assert sorted((r["account"], r["balance"]) for r in json.loads(out)["rows"]) == [("alice", 100), ("bob", 5)]
+    from txns.db import clock
+
+    iso = clock.to_datetime(first).isoformat()
+    code, out, err = run("show", url, "accounts", "--as-of", iso, "--limit", "1")
+    assert code == 0, err
+    assert "2 rows" in out and "... 1 more" in out
+
+    code, out, err = run("history", url, "--json")
+    assert code == 0, err
+    commits = json.loads(out)["commits"]
+    assert [c["ts"] for c in commits[:2]] == [second, first]
+    assert commits[1]["metadata"] == {"job": "open"} and commits[1]["operations"] == ["create audit"]
+    assert commits[1]["rows_added"] == 3 and commits[0]["rows_retracted"] == 1
+    code, out, _ = run("history", url, "--table", "audit", "--json")
+    assert [c["ts"] for c in json.loads(out)["commits"]] == [first]
+    code, out, _ = run("history", url, "--limit", "1")
+    assert str(second) in out and str(first) not in out
+
+
+def test_db_errors_exit_2(tmp_path: Path) -> None:
+    url, _, _ = _db_with_data(tmp_path)
+    code, out, err = run("show", url, "nope")
+    assert code == 2 and out == "" and "no table 'nope'" in err and err.count("\n") == 1
+    code, _, err = run("show", url, "accounts", "--as-of", "yesterday")
+    assert code == 2 and "neither a timestamp nor an ISO datetime" in err
+    code, _, err = run("show", url, "accounts", "--limit", "-1")
+    assert code == 2 and "--limit" in err
+    missing = tmp_path / "missing"
+    for argv in (["tables", f"file://{missing}"], ["history", f"file://{missing}"], ["show", f"file://{missing}", "t"]):
+        code, out, err = run(*argv)
+        assert code == 2 and "no database at" in err and "txns init" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for cmd in ("inspect", "apply", "compact", "gc"):
+        code, _, err = run(cmd, f"file://{empty}")
+        assert code == 2 and "no database at" in err, (cmd, err)
+    assert not missing.exists() and sorted(p.name for p in empty.iterdir()) in ([], ["blob", "consensus"])
+    code, _, err = run("tables", "file://relative/db")
+    assert code == 2 and "file:///absolute/path" in err
+
+
+def test_operator_commands_take_a_database_url(tmp_path: Path) -> None:
+    url, _, _ = _db_with_data(tmp_path)
+    code, out, err = run("inspect", url, "--json")
+    assert code == 0, err
+    j = json.loads(out)
+    assert set(j["tables"]) == {"accounts", "audit"}
+    assert set(j["tables"].values()) <= set(j["registered"])
+    code, out, err = run("inspect", url)
+    assert code == 0, err
+    assert "(accounts)" in out and "(audit)" in out
+    # the TXNS_ID form still works on the same store
+    code, out2, err = run("inspect", url, j["txns_id"], "--json")
+    assert code == 0, err
+    assert "tables" not in json.loads(out2)
+    code, out, err = run("apply", url, "--json")
+    assert code == 0, err
+    assert json.loads(out)["upper"] >= j["upper"]
+    code, out, err = run("compact", url, "--json")
+    assert code == 0, err
+    tables = json.loads(out)["tables"]
+    assert tables["accounts"]["rows"][1] <= tables["accounts"]["rows"][0]
+    code, out, err = run("compact", url)
+    assert code == 0, err
+    assert "table accounts:" in out and "history kept from" in out
+    code, out, err = run("gc", url, "--json")
+    assert code == 0, err
+    g = json.loads(out)
+    assert any(s.get("table") == "accounts" for s in g.values())
+    assert all("why_nothing_deleted" in s for s in g.values() if not s["retired"] and not s["leaked"])
+    code, out, err = run("gc", url)
+    assert code == 0, err
+    assert "nothing deleted:" in out
+
+
+def test_gc_says_why_it_deleted_nothing(tmp_path: Path) -> None:
+    url, _, _ = _db_with_data(tmp_path)
+    import txns as txns_pkg
+
+    db = txns_pkg.connect(url, create=False)
+    d = db.entry("accounts", db.latest()).data_id
+    young = _leak_part(db.client, d, age_s=60)
+    code, out, err = run("gc", url, "--json")
+    assert code == 0, err
+    entry = json.loads(out)[d]
+    assert entry["leaked"] == 0
+    assert "1 unreferenced part(s) are younger than --older-than 86400s" in entry["why_nothing_deleted"]
+    assert young in set(db.client.blob.list_keys(f"{d}/parts/"))
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip().startswith("txns ")

@@ -407,3 +407,34 @@ def test_reading_the_cached_upper_never_fails_on_a_lease_renewal() -> None:
     assert h.upper == upper  # and renewed once storage answers
     state = store.client().machine(h.txns_id).fetch()
     assert state.leased[h.cache.reader.reader_id].heartbeat_ms == now[0]  # type: ignore[union-attr]
+
+
+# ---- the database retries an uncertain data commit itself --------------------------------------
+
+
+def test_a_database_commit_whose_reply_was_lost_commits_once() -> None:
+    import uuid
+
+    import pyarrow as pa
+
+    import txns
+    from persist.mem import _STORES
+
+    faults = Faults(seed=11)
+    name = f"db-eo-{uuid.uuid4().hex}"
+    _STORES[name] = (UnreliableBlob(MemBlob(), faults), UnreliableConsensus(MemConsensus(), faults))  # type: ignore[assignment]
+    try:
+        db = txns.connect(f"mem://{name}", config=PersistConfig(retry_deadline_s=0.0))
+        db.create_table("t", pa.schema([("k", pa.int64())]))
+        with db.transaction() as t:
+            t.insert("t", [{"k": 0}])
+        injected = faults.counters[Op.CAS].injected
+        faults.fail_next(Op.CAS, Fault.AFTER)  # the commit lands; its reply is lost
+        with db.transaction() as t:
+            t.insert("t", [{"k": 1}])
+        assert faults.counters[Op.CAS].injected == injected + 1, "the fault hit"
+        assert sorted(db.table("t").to_arrow().column("k").to_pylist()) == [0, 1], "committed once"
+        assert t.commit_info.txn_id in db.history().column("txn_id").to_pylist()
+        db.close()
+    finally:
+        _STORES.pop(name, None)

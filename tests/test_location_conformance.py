@@ -656,9 +656,10 @@ def test_open_location_file_creates_directories(
     loc.blob.set("k", b"v")
     assert (absolute / "blob" / "k").read_bytes() == b"v"
     monkeypatch.chdir(tmp_path)
-    rel = open_location("file://rel/store")
-    assert (tmp_path / "rel" / "store").is_dir()
-    assert rel.blob.get("k") is None
+    # `file://rel/store` reads "rel" as a host name: refused (it used to create ./rel/store silently)
+    with pytest.raises(InvalidUsage, match="file:///absolute/path"):
+        open_location("file://rel/store")
+    assert not (tmp_path / "rel").exists(), "nothing was created"
 
 
 def test_open_location_mem_is_shared_by_name() -> None:

@@ -28,7 +28,37 @@ from txns.handle import DataSnapshot, TxnsHandle
 from txns.subscribe import DataSubscribe
 from txns.txn import Tidy, Txn, TxnApply
 
+# The database layer (names, Arrow, history, retention) on top of the above.
+from txns.db import (  # noqa: E402 - after the core it builds on
+    CommitInfo,
+    Database,
+    DatabaseNotFound,
+    InvalidTableName,
+    RowNotFound,
+    Table,
+    TableExists,
+    TableNotFound,
+    Transaction,
+    TransactionClosed,
+    connect,
+)
+from persist import ReadBelowSince, ReadTimeout, SchemaMismatch  # noqa: E402 - errors db users meet
+
 __all__ = [
+    "CommitInfo",
+    "Database",
+    "DatabaseNotFound",
+    "InvalidTableName",
+    "ReadBelowSince",
+    "ReadTimeout",
+    "RowNotFound",
+    "SchemaMismatch",
+    "Table",
+    "TableExists",
+    "TableNotFound",
+    "Transaction",
+    "TransactionClosed",
+    "connect",
     "DataSnapshot",
     "DataSubscribe",
     "Entry",

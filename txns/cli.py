@@ -2,14 +2,22 @@
 
 Usage (also ``python -m txns``)::
 
-    txns demo    [--dir PATH] [--txns N] [--master URL]
-    txns inspect URL TXNS_ID [--json]
-    txns apply   URL TXNS_ID
-    txns compact URL TXNS_ID [--spark] [--master URL]
-    txns gc      URL TXNS_ID [--older-than SECONDS]
+    txns demo    [--dir PATH] [--txns N]
+    txns init    URL [--retention-days D] [--json]
+    txns tables  URL [--as-of T] [--json]
+    txns show    URL TABLE [--as-of T] [--limit N] [--json]
+    txns history URL [--table T] [--limit N] [--json]
+    txns inspect URL [TXNS_ID] [--json]
+    txns apply   URL [TXNS_ID] [--json]
+    txns compact URL [TXNS_ID] [--spark] [--master URL] [--json]
+    txns gc      URL [TXNS_ID] [--older-than SECONDS] [--json]
+    txns --version
 
-``URL`` names the store (``file://PATH``, ``s3://BUCKET/PREFIX?...``; see
-:mod:`persist.url`), ``TXNS_ID`` the txns shard (``s`` + 32 hex digits).
+``URL`` names the store (``file:///PATH``, ``s3://BUCKET/PREFIX?...``; see
+:mod:`persist.url`). Given just a database's URL, the operator commands find
+its txns shard in the root record (see :mod:`txns.db`); ``TXNS_ID`` (``s`` +
+32 hex digits) names a txns shard directly, for stores made with the
+low-level API. Only ``init`` and ``demo`` create a database.
 
 Safety. Every operator command is safe to run at any time, alongside
 writers, readers and other operators, because it only uses the protocol's
@@ -53,6 +61,8 @@ from persist.parts import MissingPart
 from persist.read import fetch_plan, plan_at
 from persist.state import ShardState
 from persist.url import redact
+from txns.db.commands import UsageError, add_commands, compact_db, gc_reason, table_names, txns_id_of
+from txns.commits import commits_shard_id
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import TimestampUnavailable
 from txns.handle import TxnsHandle
@@ -121,6 +131,7 @@ class TxnsView:
             "upper": self.upper,
             "since": self.since,
             "registered": {d: {"register_ts": ts} for d, ts in sorted(self.registered.items())},
+            "commits_shard": commits_shard_id(self.txns_id),
             "entries": [
                 {
                     "data_id": e.data_id,
@@ -160,8 +171,9 @@ def open_store(url: str, must_exist: bool = True) -> PersistClient:
             raise CliError(f"no store at {redact(url)!r}: the directory {path!r} does not exist")
     try:
         return PersistClient.open(url)
-    except PersistError as e:
+    except InvalidUsage as e:  # a bad URL, a missing bucket: the user's to fix (exit 2)
         raise CliError(str(e)) from None
+    # storage failures (ExternalError) propagate: exit 1, safe to run again
 
 
 def _txns_state(client: PersistClient, txns_id: str) -> ShardState:
@@ -233,7 +245,8 @@ def inspect_txns(url: str, txns_id: str) -> dict:
     """``txns inspect --json`` as a dict. Keys (stable)::
 
     url, txns_id, upper, since,
-    registered: {data_id: {register_ts}},
+    registered: {data_id: {register_ts}},       # the commits shard (commit records) included
+    commits_shard: data_id,
     entries: [{data_id, commit_ts, rows, parts, batch_id, applied}],   # present, not yet tidied
     unapplied: int,
     data_shards: {data_id: {registered, register_ts, physical_upper, logical_upper,
@@ -245,7 +258,7 @@ def inspect_txns(url: str, txns_id: str) -> dict:
 
 def render_inspect(j: dict, names: dict[str, str] | None = None) -> str:
     """The human-readable form of an :func:`inspect_txns` dict (``names`` labels data shards)."""
-    names = names or {}
+    names = {j["commits_shard"]: "(commit records)", **(names or {})} if "commits_shard" in j else (names or {})
     out = [
         f"txns shard {j['txns_id']} at {j['url']}",
         f"  upper {j['upper']}   since {j['since']}   registered data shards {len(j['registered'])}",
@@ -301,7 +314,8 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 def open_handle(client: PersistClient, txns_id: str) -> Iterator[TxnsHandle]:
     """A TxnsHandle on an existing txns shard; its leased reader is released on exit."""
     _txns_state(client, txns_id)
-    handle = TxnsHandle.open(client, txns_id)
+    # No hold: a killed command holds back no compaction of the txns shard.
+    handle = TxnsHandle.open(client, txns_id, hold=False)
     try:
         yield handle
     finally:
@@ -356,19 +370,47 @@ def apply_and_tidy(handle: TxnsHandle) -> dict:
 # ---- commands ------------------------------------------------------------------------
 
 
+def _target(args: argparse.Namespace) -> tuple[PersistClient, str]:
+    """The store and the txns shard id: given, or (just a database URL) from its root record."""
+    client = open_store(args.url)
+    if args.txns_id is not None:
+        return client, parse_txns_id(args.txns_id)
+    return client, txns_id_of(client, args.url)
+
+
+def _names(args: argparse.Namespace) -> dict[str, str]:
+    """Data shard id -> table name, when the command was given a database URL (else none)."""
+    if args.txns_id is not None:
+        return {}
+    from txns.db.commands import open_db
+
+    db = open_db(args.url)
+    try:
+        return table_names(db)
+    finally:
+        db.close()
+
+
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    j = inspect_txns(args.url, args.txns_id)
+    client, txns_id = _target(args)
+    j = read_txns(client, txns_id).to_json(args.url)
+    names = _names(args)
+    if names:
+        j["tables"] = {name: d for d, name in sorted(names.items()) if not name.startswith("(")}
     if args.json:
         out.write(json.dumps(j, indent=2, sort_keys=True) + "\n")
     else:
-        out.write(render_inspect(j) + "\n")
+        out.write(render_inspect(j, names) + "\n")
     return EXIT_OK
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
-    client = open_store(args.url)
-    with open_handle(client, parse_txns_id(args.txns_id)) as handle:
+    client, txns_id = _target(args)
+    with open_handle(client, txns_id) as handle:
         r = apply_and_tidy(handle)
+    if args.json:
+        out.write(json.dumps(r, indent=2, sort_keys=True) + "\n")
+        return EXIT_OK
     if r["applied"]:
         lo, hi = r["commit_ts"]
         out.write(f"applied {r['applied']} entries (commit ts {lo}..{hi}) to {r['data_shards']} data shards\n")
@@ -383,9 +425,12 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
-    client = open_store(args.url)
-    txns_id = parse_txns_id(args.txns_id)
+    client, txns_id = _target(args)
     _txns_state(client, txns_id)  # fail fast, before starting Spark
+    if args.txns_id is None and not args.spark:
+        # a database: retention holds, then every table compacted whole (see Database.compact)
+        compact_db(args.url, out, args.json)
+        return EXIT_OK
     spark, own = None, False
     if args.spark:
         from pyspark.sql import SparkSession
@@ -444,16 +489,30 @@ def _compact_all(compact: Callable[[], int], limit: int = 64) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
-    client = open_store(args.url)
-    txns_id = parse_txns_id(args.txns_id)
     if args.older_than < 0:
         raise CliError(f"--older-than must be >= 0 seconds, got {args.older_than}")
+    client, txns_id = _target(args)
     r = collect_garbage(client, txns_id, args.older_than)
-    out.writelines(
-        f"{s['kind']} shard {sid}: deleted {s['retired']} retired parts, {s['leaked']} leaked parts; "
-        f"truncated {s['versions']} consensus versions; kept {s['kept']} parts of unapplied entries\n"
-        for sid, s in r.items()
-    )
+    names = _names(args)
+    keep: dict[str, set[str]] = {}
+    for e in read_txns(client, txns_id, with_data=False).entries:
+        keep.setdefault(e.data_id, set()).update(e.parts)
+    for sid, s in r.items():
+        if names.get(sid):
+            s["table"] = names[sid]
+        if not s["retired"] and not s["leaked"]:
+            s["why_nothing_deleted"] = gc_reason(client, sid, args.older_than, keep.get(sid, set()))
+    if args.json:
+        out.write(json.dumps(r, indent=2, sort_keys=True) + "\n")
+        return EXIT_OK
+    for sid, s in r.items():
+        label = f"{s['kind']} shard {sid}" + (f" ({s['table']})" if "table" in s else "")
+        out.write(
+            f"{label}: deleted {s['retired']} retired parts, {s['leaked']} leaked parts; "
+            f"truncated {s['versions']} consensus versions; kept {s['kept']} parts of unapplied entries\n"
+        )
+        if "why_nothing_deleted" in s:
+            out.write(f"  nothing deleted: {s['why_nothing_deleted']}\n")
     return EXIT_OK
 
 
@@ -500,10 +559,19 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.txns < 1:
         raise CliError(f"--txns must be at least 1, got {args.txns}")
-    return run_demo(args.dir, n_txns=args.txns, master=args.master, out=out, err=sys.stderr)
+    return run_demo(args.dir, n_txns=args.txns, master=args.master, out=out, err=sys.stderr, spark=args.spark)
 
 
 # ---- entry point -----------------------------------------------------------------------
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("txns")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -511,17 +579,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="txns",
         description="Atomic multi-table transactions on object storage: operator tools and a demo.",
     )
+    p.add_argument("--version", action="version", version=f"txns {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="run the whole flow with Spark on a local directory (no server)")
-    d.add_argument("--dir", default="./txns-demo", help="directory for the store (default ./txns-demo)")
+    d = sub.add_parser("demo", help="a database of three tables on a local directory, used end to end (no server)")
+    d.add_argument("--dir", default="./txns-demo", help="directory of the database (default ./txns-demo)")
     d.add_argument("--txns", type=int, default=300, help="number of transfer transactions (default 300)")
-    d.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    d.add_argument("--spark", action="store_true", help="also read a table as a Spark DataFrame (needs Java 17)")
+    d.add_argument("--master", default="local[2]", help="Spark master for --spark (default local[2])")
     d.set_defaults(func=cmd_demo)
 
+    add_commands(sub)
+
     def target(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("url", metavar="URL", help="store URL: file://PATH or s3://BUCKET/PREFIX?endpoint_url=...")
-        sp.add_argument("txns_id", metavar="TXNS_ID", help="the txns shard id (s + 32 hex digits)")
+        sp.add_argument("url", metavar="URL", help="store URL: file:///PATH or s3://BUCKET/PREFIX?endpoint_url=...")
+        sp.add_argument(
+            "txns_id",
+            metavar="TXNS_ID",
+            nargs="?",
+            default=None,
+            help="the txns shard id (s + 32 hex digits); omit it for a database (found by its URL)",
+        )
 
     i = sub.add_parser("inspect", help="show a txns shard, its data shards and unapplied entries")
     target(i)
@@ -530,12 +608,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("apply", help="apply everything committed, then tidy the applied entries")
     target(a)
+    a.add_argument("--json", action="store_true", help="print JSON")
     a.set_defaults(func=cmd_apply)
 
     c = sub.add_parser("compact", help="advance the txns since and compact every registered data shard")
     target(c)
     c.add_argument("--spark", action="store_true", help="compact data shards with a Spark job")
     c.add_argument("--master", default="local[2]", help="Spark master for --spark (default local[2])")
+    c.add_argument("--json", action="store_true", help="print JSON (database URL only)")
     c.set_defaults(func=cmd_compact)
 
     g = sub.add_parser("gc", help="delete retired and leaked parts, truncate old consensus versions")
@@ -547,6 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="delete unreferenced parts older than this (default 86400: longer than any write takes)",
     )
+    g.add_argument("--json", action="store_true", help="print JSON")
     g.set_defaults(func=cmd_gc)
     return p
 
@@ -562,7 +643,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return int(e.code or 0)
     try:
         return int(args.func(args, out))
-    except CliError as e:
+    except (CliError, UsageError) as e:
         err.write(f"txns {args.command}: {e}\n")
         return EXIT_USAGE
     except InvalidUsage as e:  # bad input: a bad URL, a missing bucket, a wrong schema...

@@ -107,7 +107,6 @@ class DataSubscribe:
         """Let the data shard compact up to what has been emitted (the reader's lease heartbeats too)."""
         assert self.frontier is not None
         if self.frontier - 1 > self.reader.since:
-            cfg = self.reader.config
             if self.reader.heartbeat_due():
                 # SUBTLE: best effort. step() calls this after moving the frontier
                 # past the events it is about to return; raising here dropped

@@ -1,0 +1,630 @@
+"""The chaos driver: moto, the fault proxy, killable workers and CLI runs; then finish and verify.
+
+:func:`run_chaos` runs one chaos run and returns a :class:`ChaosResult`:
+
+1. setup: a moto S3 server (a subprocess running
+   :func:`persist.testing.moto_server`, or a given endpoint) and a bucket, or
+   a local directory; a txns shard with two data shards (``legs``,
+   ``ledger``) registered at time 1, created directly (no faults);
+2. run: a :class:`persist.fault_proxy.FaultProxy` in front of moto with every
+   fault kind (outage bursts included), ``workers`` worker processes
+   (:mod:`tests.chaos.bank`) committing transfers through it, and one
+   operator command at a time (``python -m txns apply|compact|gc URL
+   TXNS_ID``) through it too. Workers and commands are SIGKILLed at random
+   times (seeded), and workers also kill themselves at crash points
+   (``crash_prob``: around the pending file, the commit and the ack); a
+   killed worker restarts as a new incarnation with the same files. A command exiting with status 2 (usage error) on a storage
+   failure is a violation; status 1 is fine;
+3. finish: every worker is killed, faults are turned off, and each worker
+   runs once in ``finish`` mode, committing its pending transaction; every
+   one must commit within ``finish_timeout_s``. Then ``txns apply`` runs once
+   and must succeed;
+4. verify: :mod:`tests.chaos.verify` in a fresh process, on the store
+   directly.
+
+On a directory (``backend="file"``) there is no proxy: kills only.
+
+Two worker variants (:func:`tests.chaos.bank.worker_config`): ``default``
+(short ``retry_deadline_s`` so faults surface as exceptions) and ``tight``
+(also ``part_grace_s`` 1 s, ``consensus_retention_s`` 4 s, ``reader_lease_s``
+15 s, so part deletion, version truncation and lapsed leases happen under
+faults). The ``tight`` variant runs no CLI commands: the CLI always uses
+the default config (retention 600 s), and persist's truncation rule assumes
+every process of a shard uses the same retention; a CLI write with a cached
+expectation older than 4 s could re-create a version a worker truncated,
+which would be a finding about the harness, not the library.
+
+SUBTLE: ``txns gc --older-than S`` deletes unreferenced parts older than
+``S`` seconds, and its contract (design.md) is that every write commits
+within ``S`` of writing its parts. A pending transaction retried after a
+kill or an outage can be older than a second, so ``gc_older_than_s``
+defaults to 30 s, not 1 s: with 1 s the harness itself would delete parts
+of transactions it is about to commit.
+
+Every process started is killed in a ``finally``; every loop is bounded in
+time; ports are chosen by the OS on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from persist.fault_proxy import FaultPlan, FaultProxy, OutageMode
+from persist.testing import FAKE_AWS_ENV, UNSET_AWS_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+TICK_S = 0.1
+MOTO_START_S = 60.0
+CLI_TIMEOUT_S = 120.0
+FINAL_APPLY_TIMEOUT_S = 180.0
+KILL_WAIT_S = 10.0
+LOG_TAIL = 1500
+MAX_EXAMPLES = 20
+
+
+def default_faults() -> FaultPlan:
+    """Every fault kind, often enough to hit commits, with outage bursts of a few seconds."""
+    return FaultPlan(
+        drop_before=0.01,
+        drop_reply=0.02,
+        error_503=0.01,
+        truncate=0.01,
+        outage_every_s=10.0,
+        outage_s=5.0,
+        outage_mode=OutageMode.MIXED,
+    )
+
+
+@dataclass
+class ChaosConfig:
+    backend: str = "s3"
+    """``s3`` (moto behind the fault proxy) or ``file`` (a local directory, kills only)."""
+    seconds: float = 40.0
+    """Length of the run phase (faults and kills)."""
+    seed: int = 0
+    workers: int = 3
+    variant: str = "default"
+    faults: FaultPlan | None = None
+    """None: :func:`default_faults` (S3 only)."""
+    kill_every_s: float = 4.0
+    """Mean seconds between worker kills (exponential)."""
+    crash_prob: float = 0.1
+    """Per transfer, the chance a worker kills itself at one of its crash points (see tests.chaos.bank)."""
+    cli: bool | None = None
+    """Run operator commands during the run (None: yes, except in the ``tight`` variant)."""
+    cli_every_s: float = 2.0
+    cli_kill_prob: float = 0.3
+    gc_older_than_s: float = 30.0
+    stuck_after_s: float = 60.0
+    finish_timeout_s: float = 90.0
+    verify_timeout_s: float = 600.0
+    apply_prob: float = 0.5
+    pad_every: int = 10
+    think_s: float = 0.0
+    work_dir: Path | None = None
+    """Where the state (and the store, for ``file``) goes; a temporary directory if None."""
+    keep_work_dir: bool = True
+    python: str = sys.executable
+    upstream: str | None = None
+    """An already running moto endpoint to use; None: start one in a subprocess."""
+    log: Callable[[str], None] | None = None
+
+
+@dataclass
+class ChaosResult:
+    backend: str
+    seed: int
+    variant: str
+    seconds: float
+    ok: bool = False
+    violations: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    verifier: dict[str, Any] = field(default_factory=dict)
+    acked: int = 0
+    ledger_rows: int = 0
+    timestamps_checked: int = 0
+    worker_starts: int = 0
+    worker_kills: int = 0
+    worker_crashes: dict[str, int] = field(default_factory=dict)
+    """Self-kills at crash points, by point."""
+    worker_exits: dict[str, int] = field(default_factory=dict)
+    cli_runs: dict[str, int] = field(default_factory=dict)
+    cli_kills: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    exceptions: dict[str, int] = field(default_factory=dict)
+    worker_stats: dict[str, int] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    work_dir: str = ""
+
+    def violation(self, kind: str, detail: str, n: int = 1) -> None:
+        self.violations[kind] = self.violations.get(kind, 0) + n
+        ex = self.examples.setdefault(kind, [])
+        if len(ex) < MAX_EXAMPLES:
+            ex.append(detail[:3000])
+
+    def summary(self) -> str:
+        lines = [
+            f"chaos {self.backend}/{self.variant} seed {self.seed} ({self.seconds:.0f}s run): "
+            f"{'OK' if self.ok else 'VIOLATIONS'}",
+            f"  acked {self.acked}, ledger rows {self.ledger_rows}, timestamps checked {self.timestamps_checked}",
+            f"  workers: {self.worker_starts} starts, {self.worker_kills} kills, crash points "
+            f"{self.worker_crashes}, exits {self.worker_exits}",
+            f"  cli: runs by command:status {self.cli_runs}, {self.cli_kills} kills",
+            f"  faults: {self.faults}",
+            f"  exceptions: {self.exceptions}",
+            f"  worker stats: {self.worker_stats}",
+            f"  durations: {self.durations}",
+            f"  work dir: {self.work_dir}",
+        ]
+        if self.violations:
+            lines.append(f"  violations: {self.violations}")
+            for kind, ex in self.examples.items():
+                for e in ex[:3]:
+                    lines.append(f"    {kind}: {e[:600]}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FAKE_AWS_ENV)
+    for k in UNSET_AWS_ENV:
+        env.pop(k, None)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("TXNS_DEBUG", None)
+    return env
+
+
+def _tail(path: Path, n: int = LOG_TAIL) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode("utf-8", "replace")
+
+
+def _kill(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(KILL_WAIT_S)
+
+
+@contextlib.contextmanager
+def moto_subprocess(python: str, log_path: Path) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a moto server in a child process (stopped on exit)."""
+    log = open(log_path, "ab")
+    p = subprocess.Popen(
+        [python, "-m", "tests.chaos.driver", "moto"],
+        cwd=REPO,
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
+    try:
+        assert p.stdout is not None
+        deadline = time.monotonic() + MOTO_START_S
+        line = b""
+        # one line, with the endpoint; the child prints it once the server listens
+        import selectors
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(p.stdout, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or p.poll() is not None:
+                    raise RuntimeError(f"moto server did not start: {_tail(log_path)}")
+                if sel.select(min(left, 1.0)):
+                    chunk = os.read(p.stdout.fileno(), 256)
+                    if not chunk:
+                        raise RuntimeError(f"moto server exited: {_tail(log_path)}")
+                    line += chunk
+        yield line.decode().strip()
+    finally:
+        with contextlib.suppress(OSError):
+            if p.stdin is not None:
+                p.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(5)
+        _kill(p)
+        log.close()
+
+
+def _moto_child() -> int:
+    """Child: serve moto until stdin closes (the parent exited or is done)."""
+    from persist.testing import moto_server
+
+    with moto_server() as endpoint:
+        sys.stdout.write(endpoint + "\n")
+        sys.stdout.flush()
+        sys.stdin.buffer.read()  # until EOF
+    return 0
+
+
+@dataclass
+class _Worker:
+    n: int
+    incarnation: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    restart_at: float | None = None
+
+
+class _Run:
+    """One chaos run's processes and counters (see :func:`run_chaos`)."""
+
+    def __init__(self, cfg: ChaosConfig, res: ChaosResult, state_dir: Path, url: str, ids: dict[str, str]) -> None:
+        self.cfg, self.res, self.state_dir, self.url, self.ids = cfg, res, state_dir, url, ids
+        self.rng = random.Random(f"driver-{cfg.seed}")
+        self.env = child_env()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[IO[bytes]] = []
+        self.cli_count = 0
+        self.workers: list[_Worker] = [_Worker(n) for n in range(cfg.workers)]
+
+    def log(self, msg: str) -> None:
+        if self.cfg.log is not None:
+            self.cfg.log(msg)
+
+    def popen(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        f = open(log_path, "ab")
+        self.logs.append(f)
+        p = subprocess.Popen(argv, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, stdout=f, stderr=f)
+        self.procs.append(p)
+        return p
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            _kill(p)
+        for f in self.logs:
+            with contextlib.suppress(OSError):
+                f.close()
+
+    # ---- workers ----
+
+    def start_worker(self, w: _Worker, mode: str) -> None:
+        w.incarnation += 1
+        cfg = self.cfg
+        stuck = cfg.stuck_after_s if mode == "run" else max(5.0, cfg.finish_timeout_s - 15.0)
+        argv = [
+            cfg.python, "-m", "tests.chaos.bank",
+            "--url", self.url,
+            "--txns-id", self.ids["txns"],
+            "--legs", self.ids["legs"],
+            "--ledger", self.ids["ledger"],
+            "--worker", str(w.n),
+            "--incarnation", str(w.incarnation),
+            "--state-dir", str(self.state_dir),
+            "--mode", mode,
+            "--seed", str(cfg.seed),
+            "--variant", cfg.variant,
+            "--seconds", str(cfg.seconds + cfg.finish_timeout_s + 60),
+            "--stuck-after", str(stuck),
+            "--open-limit", str(stuck),
+            "--apply-prob", str(cfg.apply_prob),
+            "--pad-every", str(cfg.pad_every),
+            "--think-s", str(cfg.think_s),
+            "--crash-prob", str(cfg.crash_prob if mode == "run" else 0.0),
+        ]  # fmt: skip
+        w.proc = self.popen(argv, self.state_dir / f"w{w.n}.log")
+        w.restart_at = None
+        self.res.worker_starts += 1
+
+    def reap_worker(self, w: _Worker, phase: str) -> None:
+        """Record how a finished worker process ended."""
+        assert w.proc is not None
+        rc = w.proc.returncode
+        key = f"{phase}:{rc}"
+        self.res.worker_exits[key] = self.res.worker_exits.get(key, 0) + 1
+        if rc not in (0, 3, 4, 5, -signal.SIGKILL):
+            self.res.violation(
+                "worker_crash", f"worker {w.n} incarnation {w.incarnation} ({phase}) exited {rc}: "
+                f"{_tail(self.state_dir / f'w{w.n}.log')}"
+            )
+        w.proc = None
+
+    # ---- operator commands ----
+
+    def start_cli(self) -> tuple[subprocess.Popen[bytes], str, float | None, Path]:
+        cmd = self.rng.choice(["apply", "compact", "gc"])
+        argv = [self.cfg.python, "-m", "txns", cmd, self.url, self.ids["txns"]]
+        if cmd == "gc":
+            argv += ["--older-than", str(self.cfg.gc_older_than_s)]
+        self.cli_count += 1
+        log_path = self.state_dir / f"cli-{self.cli_count}-{cmd}.log"
+        p = self.popen(argv, log_path)
+        kill_at = time.monotonic() + self.rng.uniform(0.2, 4.0) if self.rng.random() < self.cfg.cli_kill_prob else None
+        return p, cmd, kill_at, log_path
+
+    def reap_cli(self, p: subprocess.Popen[bytes], cmd: str, log_path: Path, killed: bool) -> None:
+        rc = p.returncode
+        key = f"{cmd}:{'killed' if killed else rc}"
+        self.res.cli_runs[key] = self.res.cli_runs.get(key, 0) + 1
+        if killed:
+            return
+        if rc == 2:
+            self.res.violation("cli_usage_error", f"txns {cmd} exited 2: {_tail(log_path, 600)}")
+        elif rc not in (0, 1):
+            self.res.violation("cli_crash", f"txns {cmd} exited {rc}: {_tail(log_path, 600)}")
+
+    # ---- phases ----
+
+    def run_phase(self, proxy: FaultProxy | None) -> None:
+        cfg, rng = self.cfg, self.rng
+        workers = self.workers
+        for w in workers:
+            self.start_worker(w, "run")
+        cli_on = cfg.cli if cfg.cli is not None else cfg.variant != "tight"
+        now = time.monotonic()
+        end = now + cfg.seconds
+        next_kill = now + rng.expovariate(1.0 / cfg.kill_every_s)
+        next_cli = now + rng.uniform(0.5, cfg.cli_every_s)
+        cli: tuple[subprocess.Popen[bytes], str, float | None, Path] | None = None
+        cli_started = 0.0
+        last_log = now
+        for _ in range(int(cfg.seconds / TICK_S) + 1000):
+            now = time.monotonic()
+            if now >= end:
+                break
+            for w in workers:
+                if w.proc is not None and w.proc.poll() is not None:
+                    self.reap_worker(w, "run")
+                    w.restart_at = now + rng.uniform(0.0, 0.5)
+                if w.proc is None and w.restart_at is not None and now >= w.restart_at:
+                    self.start_worker(w, "run")
+            if now >= next_kill:
+                alive = [w for w in workers if w.proc is not None and w.proc.poll() is None]
+                if alive:
+                    victim = rng.choice(alive)
+                    assert victim.proc is not None
+                    victim.proc.send_signal(signal.SIGKILL)
+                    self.res.worker_kills += 1
+                next_kill = now + rng.expovariate(1.0 / cfg.kill_every_s)
+            if cli is not None:
+                p, cmd, kill_at, log_path = cli
+                if p.poll() is not None:
+                    self.reap_cli(p, cmd, log_path, killed=False)
+                    cli = None
+                elif (kill_at is not None and now >= kill_at) or now - cli_started > CLI_TIMEOUT_S:
+                    if now - cli_started > CLI_TIMEOUT_S:
+                        self.res.cli_runs["timeout"] = self.res.cli_runs.get("timeout", 0) + 1
+                    _kill(p)
+                    self.res.cli_kills += 1
+                    self.reap_cli(p, cmd, log_path, killed=True)
+                    cli = None
+                    next_cli = now + rng.uniform(0.2, cfg.cli_every_s)
+            elif cli_on and now >= next_cli:
+                cli = self.start_cli()
+                cli_started = now
+                next_cli = now + rng.uniform(0.5, cfg.cli_every_s)
+            if now - last_log >= 10:
+                last_log = now
+                self.log(
+                    f"  t={cfg.seconds - (end - now):.0f}s starts {self.res.worker_starts} kills "
+                    f"{self.res.worker_kills} cli {sum(self.res.cli_runs.values())} "
+                    f"faults {proxy.counters() if proxy else {}}"
+                )
+            time.sleep(TICK_S)
+        if cli is not None:
+            _kill(cli[0])
+            self.res.cli_kills += 1
+            self.reap_cli(cli[0], cli[1], cli[3], killed=True)
+        for w in workers:  # the last kill: wherever each worker is now
+            if w.proc is not None:
+                _kill(w.proc)
+                self.reap_worker(w, "run")
+
+    def finish_phase(self) -> None:
+        cfg = self.cfg
+        for w in self.workers:
+            self.start_worker(w, "finish")
+        deadline = time.monotonic() + cfg.finish_timeout_s
+        for w in self.workers:
+            assert w.proc is not None
+            try:
+                w.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill(w.proc)
+                self.res.violation(
+                    "finish_timeout",
+                    f"worker {w.n} did not commit its pending transaction in {cfg.finish_timeout_s:.0f}s: "
+                    f"{_tail(self.state_dir / f'w{w.n}.log')}",
+                )
+            self.reap_worker(w, "finish")
+
+    def final_apply(self) -> None:
+        log_path = self.state_dir / "cli-final-apply.log"
+        p = self.popen([self.cfg.python, "-m", "txns", "apply", self.url, self.ids["txns"]], log_path)
+        try:
+            rc = p.wait(FINAL_APPLY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill(p)
+            self.res.violation("final_apply", f"txns apply without faults did not finish in {FINAL_APPLY_TIMEOUT_S}s")
+            return
+        self.res.cli_runs[f"final-apply:{rc}"] = 1
+        if rc != 0:
+            self.res.violation("final_apply", f"txns apply without faults exited {rc}: {_tail(log_path, 800)}")
+
+    def verify(self, direct_url: str) -> None:
+        out = self.state_dir / "verify.json"
+        log_path = self.state_dir / "verify.log"
+        argv = [
+            self.cfg.python, "-m", "tests.chaos.verify",
+            "--url", direct_url,
+            "--txns-id", self.ids["txns"],
+            "--legs", self.ids["legs"],
+            "--ledger", self.ids["ledger"],
+            "--state-dir", str(self.state_dir),
+            "--out", str(out),
+        ]  # fmt: skip
+        p = self.popen(argv, log_path)
+        try:
+            p.wait(self.cfg.verify_timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(p)
+            self.res.violation("verifier_timeout", f"verifier did not finish in {self.cfg.verify_timeout_s}s")
+            return
+        if not out.exists():
+            self.res.violation("verifier_error", f"verifier exited {p.returncode}: {_tail(log_path)}")
+            return
+        rep = json.loads(out.read_text())
+        self.res.verifier = {k: v for k, v in rep.items() if k not in ("examples", "violations")}
+        for kind, n in rep["violations"].items():
+            for ex in rep["examples"].get(kind, [])[:MAX_EXAMPLES]:
+                self.res.violation(kind, ex, 0)
+            self.res.violations[kind] = self.res.violations.get(kind, 0) + n
+        self.res.acked = rep.get("acked", 0)
+        self.res.ledger_rows = rep.get("ledger_rows", 0)
+        self.res.timestamps_checked = rep.get("timestamps_checked", 0)
+
+    def gather_stats(self) -> None:
+        counters = (
+            "transfers_started", "committed", "commit_attempts", "from_bytes_loaded", "from_bytes_committed",
+            "pending_already_acked", "abandoned", "applies", "tidies_attached",
+        )  # fmt: skip
+        for p in sorted(self.state_dir.glob("w*.stats.json")):
+            try:
+                s = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            for k, n in s.get("crashes", {}).items():
+                self.res.worker_crashes[k] = self.res.worker_crashes.get(k, 0) + n
+            for k in counters:
+                self.res.worker_stats[k] = self.res.worker_stats.get(k, 0) + int(s.get(k, 0))
+            for k, n in s.get("exceptions", {}).items():
+                self.res.exceptions[k] = self.res.exceptions.get(k, 0) + n
+            for kind, n in s.get("violations", {}).items():
+                self.res.violations[kind] = self.res.violations.get(kind, 0) + n
+            for ex in s.get("violation_examples", []):
+                kind = ex.split(":", 1)[0]
+                self.res.violation(kind, f"{p.name}: {ex}", 0)
+
+
+def _setup_store(url: str) -> dict[str, str]:
+    """A txns shard with ``legs`` and ``ledger`` registered at time 1."""
+    from persist import PersistClient, ShardId
+    from tests.chaos.bank import LEDGER_SCHEMA, LEGS_SCHEMA, REGISTER_TS
+    from txns import TxnsHandle
+
+    client = PersistClient.open(url)
+    ids = {"txns": str(ShardId.new()), "legs": str(ShardId.new()), "ledger": str(ShardId.new())}
+    handle = TxnsHandle.open(client, ids["txns"])
+    try:
+        handle.register(REGISTER_TS, {ids["legs"]: LEGS_SCHEMA, ids["ledger"]: LEDGER_SCHEMA})
+    finally:
+        handle.close()
+    return ids
+
+
+def run_chaos(cfg: ChaosConfig) -> ChaosResult:
+    """One chaos run (see the module docstring). Never raises for findings: they are in the result."""
+    if cfg.backend not in ("s3", "file"):
+        raise ValueError(f"backend must be s3 or file, got {cfg.backend!r}")
+    res = ChaosResult(cfg.backend, cfg.seed, cfg.variant, cfg.seconds)
+    t0 = time.monotonic()
+    own_dir = cfg.work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="txns-chaos-")) if cfg.work_dir is None else Path(cfg.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    state_dir = work / "state"
+    state_dir.mkdir(exist_ok=True)
+    res.work_dir = str(work)
+    from persist.testing import fake_aws_env
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_aws_env())
+        proxy: FaultProxy | None = None
+        if cfg.backend == "s3":
+            import boto3
+
+            endpoint = cfg.upstream or stack.enter_context(moto_subprocess(cfg.python, work / "moto.log"))
+            bucket = f"chaos-{uuid.uuid4().hex[:20]}"
+            admin = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1")
+            admin.create_bucket(Bucket=bucket)
+            admin.close()
+            direct_url = f"s3://{bucket}/chaos?endpoint_url={endpoint}&region=us-east-1"
+            proxy = stack.enter_context(
+                FaultProxy(endpoint, seed=cfg.seed, faults=cfg.faults if cfg.faults is not None else default_faults())
+            )
+            proxy.set_enabled(False)
+            url = f"s3://{bucket}/chaos?endpoint_url={proxy.url}&region=us-east-1"
+        else:
+            direct_url = url = f"file://{work / 'store'}"
+        ids = _setup_store(direct_url)
+        (work / "ids.json").write_text(json.dumps({**ids, "url": direct_url}))
+        run = _Run(cfg, res, state_dir, url, ids)
+        stack.callback(run.kill_all)
+        res.durations["setup"] = round(time.monotonic() - t0, 1)
+        run.log(f"chaos {cfg.backend}/{cfg.variant} seed {cfg.seed}: {cfg.seconds:.0f}s in {work}")
+        t = time.monotonic()
+        if proxy is not None:
+            proxy.set_enabled(True)
+        run.run_phase(proxy)
+        res.durations["run"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        if proxy is not None:
+            proxy.set_enabled(False)
+        run.finish_phase()
+        run.final_apply()
+        res.durations["finish"] = round(time.monotonic() - t, 1)
+        if proxy is not None:
+            res.faults = proxy.counters()
+        t = time.monotonic()
+        run.verify(direct_url)
+        res.durations["verify"] = round(time.monotonic() - t, 1)
+        run.gather_stats()
+    res.ok = not res.violations
+    res.durations["total"] = round(time.monotonic() - t0, 1)
+    if own_dir and res.ok and not cfg.keep_work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["moto"]:
+        return _moto_child()
+    p = argparse.ArgumentParser(prog="tests.chaos.driver", description="one chaos run")
+    p.add_argument("--backend", default="s3", choices=["s3", "file"])
+    p.add_argument("--seconds", type=float, default=40.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--variant", default="default", choices=["default", "tight"])
+    p.add_argument("--work-dir", default=None)
+    a = p.parse_args(args)
+    res = run_chaos(
+        ChaosConfig(
+            backend=a.backend,
+            seconds=a.seconds,
+            seed=a.seed,
+            workers=a.workers,
+            variant=a.variant,
+            work_dir=Path(a.work_dir) if a.work_dir else None,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    )
+    print(res.summary())
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

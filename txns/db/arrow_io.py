@@ -1,0 +1,229 @@
+"""Arrow in and out: user data to a table's exact schema, and results to pandas / Polars.
+
+Inputs accepted by ``insert`` / ``retract``: a ``pyarrow.Table``,
+``RecordBatch`` or ``RecordBatchReader`` (streamed batch by batch: bounded
+memory), a pandas ``DataFrame``, a Polars ``DataFrame``, a list of dicts (one
+per row) or a dict of columns.
+
+Conforming rules (:func:`conform`), each failure a ``SchemaMismatch`` naming
+the table and column, raised before anything is written:
+
+- the columns must be exactly the table's (any order): missing and
+  unexpected ones are named;
+- a column's type must be the table's, or one that converts without loss
+  within the same kind (integers of other widths when every value fits,
+  integers to floats, other string/binary encodings, other timestamp units
+  when no precision is lost, an all-null column); a string where a number is
+  expected is a mistake, not a conversion;
+- a column the table declares non-nullable must hold no nulls.
+
+Pandas and Polars are imported only when such an object is passed or asked
+for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persist import InvalidUsage, SchemaMismatch
+
+_ROWS_PER_CHUNK = 65_536
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_binary_view(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
+        return "binary"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_time(t):
+        return "time"
+    if pa.types.is_duration(t):
+        return "duration"
+    if pa.types.is_dictionary(t):
+        return _kind(t.value_type)
+    return str(t)
+
+
+_CONVERTIBLE = {
+    ("int", "float"),
+    ("int", "decimal"),
+    ("float", "int"),  # pandas turns int columns into floats; only exact values convert
+    ("decimal", "float"),
+    ("timestamp", "date"),
+}
+
+
+def _batches(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Table]:
+    """``data`` as Arrow pieces (streamed for readers), or InvalidUsage if it is no supported kind."""
+    if isinstance(data, pa.Table):
+        yield data
+        return
+    if isinstance(data, pa.RecordBatch):
+        yield data
+        return
+    if isinstance(data, pa.RecordBatchReader):
+        yield from data
+        return
+    module = type(data).__module__ or ""
+    if module.startswith("pandas"):
+        import pandas as pd
+
+        if isinstance(data, pd.DataFrame):
+            try:
+                yield pa.Table.from_pandas(data, preserve_index=False)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+                raise SchemaMismatch(f"table {table_name!r}: this pandas DataFrame cannot be converted to Arrow: {e}") from None
+            return
+    if module.startswith("polars"):
+        import polars as pl
+
+        if isinstance(data, pl.LazyFrame):
+            data = data.collect()
+        if isinstance(data, pl.DataFrame):
+            yield data.to_arrow()
+            return
+    if isinstance(data, dict):
+        try:
+            yield pa.table(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise SchemaMismatch(f"table {table_name!r}: these columns cannot be converted to Arrow: {e}") from None
+        return
+    if isinstance(data, (list, tuple)):
+        yield from _rows(list(data), table_name)
+        return
+    raise InvalidUsage(
+        f"table {table_name!r}: cannot insert a {type(data).__module__}.{type(data).__name__}; pass a pyarrow "
+        f"Table, RecordBatch or RecordBatchReader, a pandas or Polars DataFrame, a list of dicts, or a dict of columns"
+    )
+
+
+def _rows(rows: list, table_name: str) -> Iterator[pa.Table]:
+    """A list of dicts as Arrow, in chunks; every row must be a dict with the same keys."""
+    if not rows:
+        return
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise InvalidUsage(f"table {table_name!r}: row #{i} is a {type(r).__name__}, not a dict of column values")
+    for start in range(0, len(rows), _ROWS_PER_CHUNK):
+        chunk = rows[start : start + _ROWS_PER_CHUNK]
+        names = list(chunk[0])
+        for i, r in enumerate(chunk):
+            if list(r) != names and set(r) != set(names):
+                missing = sorted(set(names) - set(r))
+                extra = sorted(set(r) - set(names))
+                raise SchemaMismatch(
+                    f"table {table_name!r}: row #{start + i} has different columns from row #0 "
+                    f"(missing {missing}, unexpected {extra})"
+                )
+        cols: dict[str, list] = {n: [r[n] for r in chunk] for n in names}
+        arrays = {}
+        for n, values in cols.items():
+            try:
+                arrays[n] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                bad = next((v for v in values if not _same_kind(v, values)), values[0])
+                raise SchemaMismatch(f"table {table_name!r}: column {n!r} has mixed or unsupported values ({bad!r}): {e}") from None
+        yield pa.table(arrays) if arrays else pa.table({})
+
+
+def _same_kind(v: object, values: list) -> bool:
+    first = next((x for x in values if x is not None), None)
+    return v is None or first is None or type(v) is type(first)
+
+
+def conform(piece: pa.Table | pa.RecordBatch, schema: pa.Schema, table_name: str) -> pa.Table:
+    """``piece`` with exactly ``schema`` (see the module doc), or SchemaMismatch."""
+    table = piece if isinstance(piece, pa.Table) else pa.Table.from_batches([piece])
+    have = list(table.column_names)
+    want = list(schema.names)
+    missing = [n for n in want if n not in have]
+    extra = [n for n in have if n not in want]
+    if missing or extra:
+        raise SchemaMismatch(
+            f"table {table_name!r} has columns {want}; the data is missing {missing} and has unexpected {extra}"
+        )
+    if len(set(have)) != len(have):
+        raise SchemaMismatch(f"table {table_name!r}: the data repeats a column: {have}")
+    arrays = []
+    for field in schema:
+        col = table.column(field.name)
+        if not col.type.equals(field.type):
+            col = _convert(col, field, table_name)
+        if not field.nullable and col.null_count:
+            raise SchemaMismatch(
+                f"table {table_name!r}: column {field.name!r} is not nullable, but {col.null_count} value(s) are null"
+            )
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _convert(col: pa.ChunkedArray, field: pa.Field, table_name: str) -> pa.ChunkedArray:
+    src, dst = col.type, field.type
+    if pa.types.is_dictionary(src):
+        col, src = col.cast(src.value_type), src.value_type
+    ks, kd = _kind(src), _kind(dst)
+    if not (ks == kd or ks == "null" or (ks, kd) in _CONVERTIBLE or col.null_count == len(col)):
+        raise SchemaMismatch(
+            f"table {table_name!r}: column {field.name!r} is {dst}, but the data has {src}; "
+            f"convert it first (e.g. pyarrow.compute.cast)"
+        )
+    try:
+        return pc.cast(col, dst, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaMismatch(
+            f"table {table_name!r}: column {field.name!r} ({src}) does not fit {dst} without loss: {e}"
+        ) from None
+
+
+def conformed(data: object, schema: pa.Schema, table_name: str) -> Iterator[pa.Table]:
+    """``data`` (any supported input) as tables of exactly ``schema``, streamed piece by piece."""
+    for piece in _batches(data, table_name):
+        if piece.num_columns == 0 and piece.num_rows == 0:
+            continue
+        yield conform(piece, schema, table_name)
+
+
+def check_input(data: object, table_name: str) -> None:
+    """InvalidUsage now (before any write) if ``data`` is no supported input kind."""
+    if data is None:
+        raise InvalidUsage(f"table {table_name!r}: nothing to write (got None)")
+
+
+def to_pandas(table: pa.Table) -> Any:
+    """``table`` as a pandas DataFrame."""
+    return table.to_pandas()
+
+
+def to_polars(table: pa.Table) -> Any:
+    """``table`` as a Polars DataFrame (Polars must be installed)."""
+    try:
+        import polars as pl
+    except ImportError:
+        raise InvalidUsage("to_polars needs Polars: pip install polars") from None
+    return pl.from_arrow(table)
+
+
+__all__ = ["check_input", "conform", "conformed", "to_pandas", "to_polars"]

@@ -1,0 +1,182 @@
+"""The catalog: table name -> data shard, schema, creation time, retention.
+
+The catalog is itself a data shard registered in the database's txns shard,
+so DDL is an ordinary write in a transaction: ``create_table`` adds a row,
+``drop_table`` retracts it, ``rename_table`` retracts it and adds it back
+under the new name (same data shard), all in the same single conditional
+write as the transaction's data. Reading the catalog at a time gives the
+tables as they were then: ``db.tables(as_of=t)`` and reads of a table as of
+a time before its drop.
+
+Every column is in the key (the val is empty), so each row is one table::
+
+    name: string, data_id: string, schema: string (base64 Arrow IPC),
+    created_ms: int64, retention_ms: int64 (null: the database's default)
+
+Invariants:
+
+- At any time at most one row per name has a positive count (DDL commits
+  validate against the catalog at the exact time below their commit time,
+  see ``Database._commit``).
+- A table's data shard never changes: rename keeps it; a new table (even
+  with a dropped table's name) gets a fresh shard.
+- A user table's columns are the data shard's key; its val is empty. Rows
+  are a multiset: the shard's ``diff`` is each row's multiplicity.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from persist import InvalidUsage, Schema
+from txns.db.errors import InvalidTableName
+
+CATALOG_SCHEMA = Schema(
+    key=pa.schema(
+        [
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("data_id", pa.string(), nullable=False),
+            pa.field("schema", pa.string(), nullable=False),
+            pa.field("created_ms", pa.int64(), nullable=False),
+            pa.field("retention_ms", pa.int64(), nullable=True),
+        ]
+    ),
+    val=pa.schema([]),
+)
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_COLUMNS = ("ts", "diff")
+
+
+def check_name(name: object, what: str = "table name") -> str:
+    """``name`` if it is a valid table name, else InvalidTableName saying what is allowed."""
+    if not isinstance(name, str):
+        raise InvalidTableName(f"a {what} must be a str, got {type(name).__name__} {name!r}")
+    if not _NAME_RE.match(name):
+        raise InvalidTableName(
+            f"invalid {what} {name!r}: use 1-128 characters, letters, digits and '_', "
+            f"not starting with a digit (e.g. 'orders', 'daily_totals_2024')"
+        )
+    return name
+
+
+def _supported(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_time(t)
+        or pa.types.is_duration(t)
+    )
+
+
+def check_schema(schema: object) -> pa.Schema:
+    """``schema`` if it is a valid table schema (a flat ``pyarrow.Schema``), else InvalidUsage."""
+    if not isinstance(schema, pa.Schema):
+        raise InvalidUsage(
+            f"a table schema must be a pyarrow.Schema, got {type(schema).__name__}; "
+            f"e.g. pa.schema([('account', pa.string()), ('balance', pa.int64())])"
+        )
+    if len(schema) == 0:
+        raise InvalidUsage("a table needs at least one column")
+    names = list(schema.names)
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InvalidUsage(f"column names must be distinct; repeated: {dup}")
+    bad = [n for n in names if n in RESERVED_COLUMNS]
+    if bad:
+        raise InvalidUsage(
+            f"column names {bad} are reserved (changes() adds 'ts' and 'diff' columns); rename them"
+        )
+    for f in schema:
+        if not isinstance(f.name, str) or not f.name:
+            raise InvalidUsage(f"column names must be non-empty strings, got {f.name!r}")
+        if not _supported(f.type):
+            raise InvalidUsage(
+                f"column {f.name!r} has type {f.type}, which tables do not support; use a flat type "
+                f"(integers, floats, bool, string, binary, decimal, date, time, timestamp, duration)"
+            )
+    return pa.schema(list(schema))  # drop schema metadata: it is not part of the table's identity
+
+
+def schema_to_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def data_schema(schema: pa.Schema) -> Schema:
+    """The data shard schema of a table: every column in the key, an empty val."""
+    return Schema(key=schema, val=pa.schema([]))
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One table in the catalog."""
+
+    name: str
+    data_id: str
+    schema: pa.Schema
+    created_ms: int
+    retention_ms: int | None = None
+
+    def key(self) -> tuple:
+        return (self.name, self.data_id, schema_to_text(self.schema), self.created_ms, self.retention_ms)
+
+    @staticmethod
+    def from_key(key: tuple) -> TableEntry:
+        name, data_id, text, created_ms, retention_ms = key
+        return TableEntry(name, data_id, schema_from_text(text), created_ms, retention_ms)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TableEntry) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+
+@dataclass(frozen=True)
+class CatalogView:
+    """The catalog as of one time: live tables by name."""
+
+    as_of: int
+    tables: dict[str, TableEntry]
+
+    @staticmethod
+    def from_updates(as_of: int, updates: list) -> CatalogView:
+        """From a consolidated snapshot of the catalog shard (``((key, ()), ts, diff)``)."""
+        tables: dict[str, TableEntry] = {}
+        for (key, _val), _ts, diff in updates:
+            if diff > 0:
+                e = TableEntry.from_key(key)
+                tables[e.name] = e
+        return CatalogView(as_of, tables)
+
+    def by_data_id(self) -> dict[str, TableEntry]:
+        return {e.data_id: e for e in self.tables.values()}
+
+
+__all__ = [
+    "CATALOG_SCHEMA",
+    "CatalogView",
+    "TableEntry",
+    "check_name",
+    "check_schema",
+    "data_schema",
+    "schema_from_text",
+    "schema_to_text",
+]

@@ -1,0 +1,817 @@
+"""The database: named tables over one txns shard, at a location found by its root record.
+
+``txns.connect(url)`` reads (or creates) the root record (:mod:`txns.db.root`),
+opens the txns shard it names and makes sure the catalog shard is
+registered. Everything a user does goes through the txns protocol:
+
+- a transaction's data and DDL are one commit, one conditional write on the
+  txns shard; the commit's record (the txns layer's commits shard) carries
+  what history shows;
+- commit timestamps are hybrid wall-clock timestamps (:mod:`txns.db.clock`)
+  chosen by the database: ``max(txns upper, now)``; a taken one is retried at
+  the new upper, never by the user;
+- a commit returns as soon as it is durable. Applying it into the data
+  shards (metadata only), the maintenance that asks for, and moving the
+  written tables' retention holds happen right after, on a background worker
+  with a handle of its own (:mod:`txns.db.applier`); the entries it applied
+  are tidied by the next commit. Reads apply whatever they need anyway (a
+  read first waits, bounded, for an apply in flight, rather than doing the
+  same writes), so a crash or a failed apply blocks nobody.
+
+Invariants:
+
+- A commit that contains DDL commits at exactly the txns upper it validated
+  the catalog against (first moving the upper to the wall clock with an
+  empty commit if it lags by more than ``DDL_STALE_MS``), so no concurrent
+  DDL can slip in between the check and the write: at most one live table
+  per name, ever. The catalog it validated, with its DDL replayed, is the
+  catalog at its commit time: it is cached as such, so the next reads of
+  the catalog cost nothing.
+- Creating a table registers its (fresh) data shard in the txns shard before
+  the commit; until the commit adds the catalog row, the shard is invisible.
+  An abandoned transaction forgets the shards it registered (best effort:
+  a crash leaves an empty registered shard that no name points to).
+- The latest time is the txns upper minus one, read fresh: a latest read
+  never waits for a commit. A read at a past wall-clock time beyond the
+  upper first closes that time with an empty commit (so the answer can
+  never change); a read at a future time waits up to ``read_wait_s`` for
+  commits to reach it, then raises ``ReadTimeout``.
+- ``close()`` waits for the background apply of every commit made through
+  this object, then stops its thread.
+
+A ``Database`` is safe to share between threads (one lock serializes its
+use of the txns handle; part reads run outside it; the background worker
+never takes that lock).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+
+from persist import (
+    Indeterminate,
+    InvalidUsage,
+    PersistClient,
+    PersistConfig,
+    ReadBelowSince,
+    ReadTimeout,
+    SnapshotPlan,
+)
+from persist.parts import MissingPart
+from persist.retry import backoff
+from persist.url import redact
+from txns.commits import COMMITS_SCHEMA, commits_shard_id
+from txns.db import clock
+from txns.db.applier import Applier
+from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
+from txns.db.errors import DatabaseNotFound, TableNotFound
+from txns.db.retention import RetentionHolds, compact_all
+from txns.db.scan import PlanReader, read_table
+from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
+from txns.errors import NotRegistered, TimestampUnavailable
+from txns.handle import TxnsHandle
+from txns.txn import Txn, TxnApply
+
+if TYPE_CHECKING:
+    from txns.db.table import Table
+    from txns.db.transaction import Transaction
+
+log = logging.getLogger(__name__)
+
+AsOf = int | dt.datetime | None
+RETENTION_EVERY_MS = 60_000
+"""How often (at most) a database moves a written table's retention hold along."""
+DDL_STALE_MS = 1000
+"""A DDL commit goes at exactly the txns upper; if that lags the clock by more, the upper is moved first."""
+UNCERTAIN_RETRIES = 3
+"""A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
+AUTO_COMPACT_BYTES = 8 << 20
+"""Tables up to this size are compacted whole when their hold moves (bigger ones by ``compact()``)."""
+APPLY_WAIT_S = 5.0
+"""How long a read waits for a background apply in flight before applying what it needs itself."""
+
+
+def check_retention(retention: object, what: str = "retention") -> int:
+    """``retention`` (a ``timedelta``) as milliseconds, or InvalidUsage."""
+    if isinstance(retention, dt.timedelta):
+        ms = int(retention.total_seconds() * 1000)
+        if ms < 0:
+            raise InvalidUsage(f"{what} must not be negative, got {retention}")
+        return ms
+    raise InvalidUsage(f"{what} must be a datetime.timedelta (e.g. timedelta(days=7)), got {retention!r}")
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - an optimization only; the caller's later steps do it again
+        log.debug("%s%r deferred: %s", getattr(fn, "__name__", fn), args, e)
+
+
+def _missing_file_dir(url: str) -> str | None:
+    """For a ``file://`` URL whose directory does not exist, that directory (opening would create it)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "file" or "?" in rest or "#" in rest:
+        return None
+    path = unquote(rest)
+    if path.startswith("localhost/"):
+        path = path[len("localhost") :]
+    if path.startswith("/") and not (Path(path) / "consensus").is_dir():
+        return path  # (a file store keeps every consensus key under PATH/consensus: no database here)
+    return None
+
+
+def connect(
+    url: str,
+    *,
+    create: bool = True,
+    retention: dt.timedelta | None = None,
+    config: PersistConfig | None = None,
+) -> Database:
+    """Open the database at ``url``, creating it if absent (unless ``create=False``).
+
+    ``url`` is ``file:///absolute/path``, ``s3://bucket/prefix?endpoint_url=...&region=...``
+    or ``mem://name``. ``retention`` sets the history retention of a database
+    created by this call (default 7 days); change it later with
+    :meth:`Database.set_retention`. ``config`` tunes persist (tests shrink it).
+
+    Raises ``DatabaseNotFound`` with ``create=False`` when there is no
+    database at ``url`` (nothing is created then, not even a directory).
+    """
+    if not isinstance(url, str):
+        raise InvalidUsage(f"connect takes a URL string, got {type(url).__name__}")
+    retention_ms = None if retention is None else check_retention(retention)
+    how = (
+        f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
+    )
+    if not create and _missing_file_dir(url) is not None:
+        raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
+    client = PersistClient.open(url, config)
+    root = read_root(client)
+    new = False
+    if root is None:
+        if not create:
+            raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
+        proposal = new_proposal(client.config.clock_ms())
+        if retention_ms is not None:
+            proposal = RootRecord(proposal.txns_id, proposal.catalog_id, proposal.created_ms, retention_ms)
+        root = create_root(client, proposal)
+        new = True  # (by us or by a racing creator: either way its shards are new)
+    return Database(client, root, url, new=new)
+
+
+class Database:
+    """A database of named tables at one location. Get one with :func:`txns.connect`.
+
+    >>> import pyarrow as pa, txns
+    >>> db = txns.connect("mem://doc-database")
+    >>> accounts = db.create_table("accounts", pa.schema([("account", pa.string()), ("balance", pa.int64())]))
+    >>> with db.transaction() as t:
+    ...     _ = t.insert("accounts", [{"account": "alice", "balance": 10}])
+    >>> db.table("accounts").to_arrow().to_pylist()
+    [{'account': 'alice', 'balance': 10}]
+    >>> db.tables()
+    ['accounts']
+    """
+
+    def __init__(self, client: PersistClient, root: RootRecord, url: str, new: bool = False) -> None:
+        self.client = client
+        self.root = root
+        self._url = url
+        self._lock = threading.RLock()
+        schemas = self._write_system_schemas() if new else None
+        # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
+        self.handle = TxnsHandle.open(client, root.txns_id)
+        if schemas is not None:
+            schemas.shutdown(wait=True)
+        self._catalogs: dict[tuple[str, int], CatalogView] = {}
+        self._min_table_retention_ms: int | None = None  # the shortest table retention seen in a catalog
+        self._holds = RetentionHolds(client)
+        self._held_at: dict[str, int] = {}
+        self._hold_lock = threading.Lock()  # _holds and _held_at: used by the worker and by compact()
+        self._closed = False
+        self._applier = Applier(client, root.txns_id, self._after_apply)
+        self._ensure_catalog()
+
+    def _write_system_schemas(self) -> ThreadPoolExecutor:
+        """A new database: record the catalog's and the commits shard's schemas while the txns shard opens.
+
+        Only a head start (each is a conditional write to its own shard): the
+        registration and the first commit would write them otherwise, one
+        after the other. A failure here is left for them to meet.
+        """
+        pool = ThreadPoolExecutor(max_workers=2)
+        for shard, schema in ((self.root.catalog_id, CATALOG_SCHEMA), (commits_shard_id(self.root.txns_id), COMMITS_SCHEMA)):
+            pool.submit(_quietly, self.client.register_schema, shard, schema)
+        return pool
+
+    # ---- identity and settings ------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The location, as given (secrets redacted)."""
+        return redact(self._url)
+
+    @property
+    def retention(self) -> dt.timedelta:
+        """The default history retention of this database's tables."""
+        return dt.timedelta(milliseconds=self.root.retention_ms)
+
+    def set_retention(self, retention: dt.timedelta) -> None:
+        """Change the database's default history retention (tables without their own use it)."""
+        ms = check_retention(retention)
+        with self._lock:
+            self.root = update_root(self.client, {"retention_ms": ms})
+
+    def _refresh_root(self) -> RootRecord:
+        root = read_root(self.client)
+        if root is not None:
+            self.root = root
+        return self.root
+
+    def __repr__(self) -> str:
+        return f"Database({self.url!r})"
+
+    def close(self) -> None:
+        """Wait for the background apply of this object's commits, stop its worker thread, and release
+        this process's hold on the txns shard. The object cannot be used after."""
+        self._applier.close()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self.handle.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidUsage("this database handle was closed; connect again")
+
+    # ---- time -------------------------------------------------------------------------------
+
+    def _now_ts(self) -> int:
+        return clock.ts_of_ms(self.client.config.clock_ms())
+
+    def latest(self) -> int:
+        """The latest timestamp: every commit so far is at or below it (read fresh, never waits)."""
+        self._check_open()
+        with self._lock:
+            self.handle.cache.sync()
+            return self.handle.cache.frontier - 1
+
+    def resolve(self, as_of: AsOf) -> int:
+        """``as_of`` (None: latest; a timestamp; a datetime) as a timestamp readable now.
+
+        See the module doc for times past the latest commit.
+        """
+        self._check_open()
+        if as_of is None:
+            return self.latest()
+        if isinstance(as_of, dt.datetime):
+            ts = clock.ts_of_datetime(as_of)
+        elif isinstance(as_of, int) and not isinstance(as_of, bool):
+            if as_of < 0:
+                raise InvalidUsage(f"as_of must be a timestamp >= 0 or a datetime, got {as_of}")
+            ts = as_of
+        elif isinstance(as_of, dt.date):
+            raise InvalidUsage(f"as_of takes a datetime, not a date ({as_of!r}); e.g. datetime(2024, 5, 1, 15, 0)")
+        else:
+            raise InvalidUsage(f"as_of must be a timestamp (int) or a datetime, got {type(as_of).__name__} {as_of!r}")
+        if ts < 0 or ts >= 2**63:
+            raise InvalidUsage(f"as_of {as_of!r} is out of range")
+        with self._lock:
+            cache = self.handle.cache
+            if ts < cache.frontier:
+                return ts
+            cache.sync()
+            if ts < cache.frontier:
+                return ts
+            if ts <= clock.ts_end_of_ms(self.client.config.clock_ms()):  # the past (or this millisecond)
+                self._close_time(ts)
+                return ts
+        wait = self.client.config.read_wait_s
+        try:
+            with self._lock:
+                cache.update_gt(ts, wait_s=wait)
+        except ReadTimeout:
+            raise ReadTimeout(
+                f"as_of {clock.describe(ts)} is in the future: no commit reached it within {wait}s; "
+                f"read at an earlier time (as_of=None reads the latest)",
+                cache.frontier,
+            ) from None
+        return ts
+
+    def _close_time(self, ts: int) -> None:
+        """Advance the txns upper past ``ts`` (a past time nobody committed at) with an empty commit."""
+        while self.handle.cache.frontier <= ts:
+            try:
+                self.handle.begin().commit_at(self.handle, ts)
+            except TimestampUnavailable:
+                self.handle.cache.sync()
+
+    # ---- catalog ------------------------------------------------------------------------------
+
+    def _ensure_catalog(self) -> None:
+        """Register the catalog shard if it is not yet (first connect, or a creator that crashed)."""
+        with self._lock:
+            cache = self.handle.cache
+            cache.sync()
+            if self.root.catalog_id in cache.registered_now():
+                return
+            ts = max(cache.frontier, self._now_ts())
+            while True:
+                try:
+                    self.handle.register(ts, {self.root.catalog_id: CATALOG_SCHEMA})
+                    return
+                except TimestampUnavailable as e:
+                    ts = max(e.upper, self._now_ts())
+
+    def _catalog_registered_ts(self) -> int | None:
+        regs = self.handle.cache.registrations.get(self.root.catalog_id)
+        return regs[0].register_ts if regs else None
+
+    def catalog(self, ts: int) -> CatalogView:
+        """The catalog at timestamp ``ts`` (already resolved)."""
+        with self._lock:
+            cache = self.handle.cache
+            created = self._catalog_registered_ts()
+            if created is not None and ts < created:
+                raise ReadBelowSince(
+                    f"as_of {clock.describe(ts)} is before the database at {self.url!r} was created "
+                    f"(at {clock.describe(created)})",
+                    created,
+                )
+            since = self.handle.data_writer(self.root.catalog_id).machine.state().since
+            if ts < since:
+                raise self._catalog_below(ts, since)
+            # The catalog is the same at every time from its latest write up to
+            # its next one: cache by that write (or, with none since the txns
+            # cache's since, by that since).
+            key: tuple[str, int] | None = None
+            if cache.since <= ts < cache.frontier:
+                w = cache.latest_write_le(self.root.catalog_id, ts)
+                key = ("w", w) if w is not None else ("since", cache.since)
+                hit = self._catalogs.get(key)
+                if hit is not None:
+                    return CatalogView(ts, hit.tables)
+                if w is None and created is not None and created >= cache.since:
+                    # Registered within what the cache knows and never written up to ts:
+                    # empty, without a read (a new database's first transaction).
+                    return CatalogView(ts, {})
+            try:
+                view = self._read_catalog(ts)
+            except NotRegistered:
+                raise ReadBelowSince(
+                    f"as_of {clock.describe(ts)} is before the database at {self.url!r} was created", created or 0
+                ) from None
+            except ReadBelowSince as e:
+                raise self._catalog_below(ts, e.since) from None
+            if key is not None:
+                self._remember_catalog(key, view)
+            return view
+
+    def _read_catalog(self, ts: int) -> CatalogView:
+        """Read the catalog shard at ``ts`` (without writing anything when the txns cache allows)."""
+        d = self.root.catalog_id
+        for attempt in range(3):
+            plan = self._log_plan(d, ts)
+            if plan is None:
+                return CatalogView.from_updates(ts, self.handle.snapshot(d, ts))
+            cols = list(CATALOG_SCHEMA.key_names)
+            try:
+                rows = read_table(PlanReader(self.client.blob, plan, cols, None, self.client.config.retry_deadline_s))
+            except MissingPart:  # retired by a compaction after we planned: plan again
+                self.handle.data_writer(d).machine.fetch()
+                if attempt == 2:
+                    raise
+                continue
+            entries = [TableEntry.from_key(tuple(r[c] for c in cols)) for r in rows.to_pylist()]
+            return CatalogView(ts, {e.name: e for e in entries})
+        raise AssertionError("unreachable")
+
+    def _remember_catalog(self, key: tuple[str, int], view: CatalogView) -> None:
+        if len(self._catalogs) > 64:
+            self._catalogs.clear()
+        self._catalogs[key] = view
+        rets = [e.retention_ms for e in view.tables.values() if e.retention_ms is not None]
+        if rets:
+            low = min(rets)
+            cur = self._min_table_retention_ms
+            self._min_table_retention_ms = low if cur is None else min(cur, low)
+
+    def _catalog_below(self, ts: int, since: int) -> ReadBelowSince:
+        return ReadBelowSince(
+            f"as_of {clock.describe(ts)} is before the retained history of the database at {self.url!r}; "
+            f"the earliest readable time is {clock.describe(since)}",
+            since,
+        )
+
+    def tables(self, as_of: AsOf = None) -> list[str]:
+        """The names of the tables at ``as_of`` (default: latest), sorted."""
+        return sorted(self.catalog(self.resolve(as_of)).tables)
+
+    def table(self, name: str) -> Table:
+        """The table ``name`` (TableNotFound if there is none now)."""
+        from txns.db.table import Table
+
+        check_name(name)
+        self.entry(name, self.latest())
+        return Table(self, name)
+
+    def entry(self, name: str, ts: int) -> TableEntry:
+        """The catalog entry of table ``name`` at ``ts``, or TableNotFound saying what exists."""
+        view = self.catalog(ts)
+        e = view.tables.get(name)
+        if e is None:
+            known = sorted(view.tables)
+            raise TableNotFound(
+                f"no table {name!r} in the database at {self.url!r} as of {clock.describe(ts)}; "
+                f"tables then: {known if known else 'none'}"
+                + ("" if known else "; create one with db.create_table(name, schema)")
+            )
+        return e
+
+    # ---- DDL shortcuts (each one transaction) -------------------------------------------------
+
+    def create_table(self, name: str, schema: pa.Schema, *, retention: dt.timedelta | None = None) -> Table:
+        """Create table ``name`` with ``schema`` (a flat ``pyarrow.Schema``) in its own transaction."""
+        from txns.db.table import Table
+
+        with self.transaction() as t:
+            t.create_table(name, schema, retention=retention)
+        return Table(self, name)
+
+    def drop_table(self, name: str) -> None:
+        """Drop table ``name`` in its own transaction. Reads as of earlier times still see it."""
+        with self.transaction() as t:
+            t.drop_table(name)
+
+    def rename_table(self, old: str, new: str) -> None:
+        """Rename table ``old`` to ``new`` in its own transaction (its data and history stay)."""
+        with self.transaction() as t:
+            t.rename_table(old, new)
+
+    def set_table_retention(self, name: str, retention: dt.timedelta | None) -> None:
+        """Give table ``name`` its own history retention (None: the database's default)."""
+        with self.transaction() as t:
+            t.set_retention(name, retention)
+
+    # ---- transactions -------------------------------------------------------------------------
+
+    def transaction(self, metadata: Mapping[str, Any] | None = None) -> Transaction:
+        """A new transaction; use it as a context manager (commits on a clean exit)."""
+        from txns.db.transaction import Transaction
+
+        self._check_open()
+        return Transaction(self, metadata)
+
+    def _begin(self, metadata: dict[str, Any]) -> Txn:
+        """A core transaction whose commit record carries ``metadata`` (what history shows)."""
+        return self.handle.begin(metadata=metadata)
+
+    def _register(self, shards: Mapping[str, Any]) -> int:
+        """Register fresh data shards; return the registration time."""
+        if len(shards) > 1:
+            # Each shard's schema is a conditional write of its own: write them at
+            # once (register() then finds them written and writes them no more).
+            with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
+                for f in [pool.submit(self.client.register_schema, d, schema) for d, schema in shards.items()]:
+                    f.result()
+        with self._lock:
+            ts = max(self.handle.cache.frontier, self._now_ts())
+            while True:
+                try:
+                    self.handle.register(ts, shards)
+                    return ts
+                except TimestampUnavailable as e:
+                    ts = max(e.upper, self._now_ts())
+
+    def _forget(self, data_ids: list[str]) -> None:
+        with self._lock:
+            ts = max(self.handle.cache.frontier, self._now_ts())
+            while True:
+                try:
+                    self.handle.forget(ts, data_ids)
+                    return
+                except TimestampUnavailable as e:
+                    ts = max(e.upper, self._now_ts())
+
+    def _commit(
+        self,
+        txn: Txn,
+        validate: Callable[[int], dict[str, TableEntry]] | None,
+        written: Iterable[str] = (),
+    ) -> int:
+        """Commit ``txn`` at a database-chosen time; return it once durable.
+
+        ``validate(ts)`` checks the DDL against the catalog at ``ts`` and
+        returns the tables after it: the commit then goes at exactly the
+        upper the catalog was validated at (see the module doc), and that
+        catalog is cached as the catalog at the commit time. The commit is
+        applied by the background worker (which also moves the retention
+        holds of ``written``, the data shards written); its applied entries
+        are tidied by this database's next commit.
+        """
+        with self._lock:
+            txn.tidy(self._applier.take_tidy())
+            cache = self.handle.cache
+            ts = max(cache.frontier, self._now_ts())
+            applied: TxnApply
+            live: dict[str, TableEntry] | None = None
+            uncertain_tries = 0
+            while True:
+                if validate is not None:
+                    cache.sync()
+                    now_ms = self.client.config.clock_ms()
+                    if now_ms - clock.wall_ms(cache.frontier) > DDL_STALE_MS:
+                        self._close_time(clock.ts_of_ms(now_ms) - 1)
+                    ts = cache.frontier
+                    live = validate(ts - 1)
+                try:
+                    applied = txn.commit_at(self.handle, ts)
+                    break
+                except TimestampUnavailable as e:
+                    ts = max(e.upper, self._now_ts())
+                except Indeterminate:
+                    # It may have committed. Without DDL, committing the same txn again is
+                    # safe (its durable identity finds an earlier commit); with DDL the
+                    # validation would run first, so the caller decides (db.history()).
+                    uncertain_tries += 1
+                    if validate is not None or uncertain_tries > UNCERTAIN_RETRIES:
+                        raise
+                    backoff(uncertain_tries)
+            if live is not None and applied.commit_ts == ts:
+                self._catalog_committed(ts, live)
+            self._applier.submit(applied.commit_ts, written)
+            return applied.commit_ts
+
+    def _catalog_committed(self, ts: int, live: dict[str, TableEntry]) -> None:
+        """Cache ``live`` as the catalog at ``ts``: the one validated at ``ts - 1`` with a DDL commit's changes.
+
+        Exact: a DDL commit goes at exactly the upper it validated at, so no
+        commit lies between; and only when the commit wrote the catalog (a
+        transaction may create and drop a table again, writing nothing).
+        """
+        cache = self.handle.cache
+        if cache.since <= ts < cache.frontier and cache.latest_write_le(self.root.catalog_id, ts) == ts:
+            self._remember_catalog(("w", ts), CatalogView(ts, dict(live)))
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def plan(self, entry: TableEntry, ts: int) -> SnapshotPlan:
+        """A snapshot plan of ``entry``'s data shard at ``ts`` (see :meth:`_log_plan`)."""
+        with self._lock:
+            try:
+                plan = self._log_plan(entry.data_id, ts)
+                if plan is not None:
+                    return plan
+                return self.handle.data_snapshot(entry.data_id, ts).plan()
+            except ReadBelowSince as e:
+                raise self._below(entry, ts, e.since) from None
+
+    def _log_plan(self, data_id: str, ts: int) -> SnapshotPlan | None:
+        """The snapshot of ``data_id`` at ``ts`` as a plan, read without writing anything.
+
+        The data shard's batches, plus the batches committed to it at or
+        below ``ts`` and not applied yet, taken from the txns shard's entries
+        (a commit entry is the very batch an apply appends). So a read never
+        waits for, nor repeats, the background apply, and never fills time.
+        Exact because:
+
+        - the data shard's state is read after the txns cache (``latest()``
+          and ``resolve()`` sync it): an entry the cache saw tidied was
+          applied before that, so it is in the state, and every entry at or
+          above the state's upper is unapplied there and still present in the
+          cache (tidy follows apply);
+        - a data upper past a commit time means that commit is applied
+          (txns invariant 2), so entries below the upper are not read twice;
+        - below the txns cache's since every write is applied (txns
+          invariant 3); at or above it the cache knows every write time, and
+          an entry must be present for each one in ``[upper, ts]``.
+
+        None (the caller uses the txns read protocol, which applies and fills)
+        when the cache cannot vouch for this.
+        """
+        cache = self.handle.cache
+        if ts >= cache.frontier or not cache.registered_at(data_id, ts):
+            return None
+        w = self.handle.data_writer(data_id)
+        state = w.machine.state()
+        if state.upper <= ts:
+            state = w.machine.fetch()  # (read after the cache)
+        if ts < state.since:
+            raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
+        runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
+        if state.upper <= ts and ts >= cache.since:
+            times = cache.writes.get(data_id, [])
+            due = set(times[bisect.bisect_left(times, state.upper) : bisect.bisect_right(times, ts)])
+            if due:
+                pending = sorted(e for e in cache.entries if e.data_id == data_id and e.batch and state.upper <= e.ts <= ts)
+                if {e.ts for e in pending} != due:
+                    return None
+                runs += [r for e in pending for r in e.decode_batch().runs if r.rows]
+        return SnapshotPlan(data_id, ts, tuple(runs), w.schema)
+
+    def _below(self, entry: TableEntry, ts: int, since: int) -> ReadBelowSince:
+        try:  # the retention in force now (the entry may be from the catalog of long ago)
+            entry = self.catalog(self.handle.cache.frontier - 1).by_data_id().get(entry.data_id, entry)
+        except ReadBelowSince:
+            pass
+        ret = entry.retention_ms if entry.retention_ms is not None else self.root.retention_ms
+        return ReadBelowSince(
+            f"table {entry.name!r}: as_of {clock.describe(ts)} is before its retained history "
+            f"(retention {dt.timedelta(milliseconds=ret)}); the earliest readable time is {clock.describe(since)}",
+            since,
+        )
+
+    def refetch(self, entry: TableEntry) -> None:
+        with self._lock:
+            self.handle.data_writer(entry.data_id).machine.fetch()
+
+    def with_replan(self, entry: TableEntry, ts: int, read: Any) -> Any:
+        """``read(plan)``, planning again if compaction retired a part in between (up to 3 times)."""
+        for attempt in range(3):
+            plan = self.plan(entry, ts)
+            try:
+                return read(plan)
+            except MissingPart:
+                self.refetch(entry)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # ---- history -------------------------------------------------------------------------------
+
+    def history(self, table: str | None = None, limit: int | None = None) -> pa.Table:
+        """Committed transactions, newest first, as an Arrow table.
+
+        Columns: ``ts`` (int64), ``time`` (timestamp[ms, UTC]), ``txn_id``,
+        ``tables`` (names written or changed), ``rows_added``,
+        ``rows_retracted``, ``operations`` (DDL, e.g. ``create orders``),
+        ``metadata`` (the JSON given to ``db.transaction(metadata=...)``).
+        ``table`` keeps the transactions that touched that table (by its
+        data shard: renames included); ``limit`` keeps the newest ones.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidUsage(f"limit must be a non-negative int or None, got {limit!r}")
+        ts = self.latest()
+        data_id = None
+        if table is not None:
+            check_name(table)
+            data_id = self.entry(table, ts).data_id
+        self._applier.wait(ts, APPLY_WAIT_S)
+        with self._lock:
+            records = self.handle.commit_records(ts)
+        rows = []
+        for r in records.to_pylist():
+            info = json.loads(r["info"])
+            meta = info.get("metadata", {})
+            db = meta.get("db")
+            if not isinstance(db, dict):
+                continue  # a commit made below the database layer
+            touched = db.get("tables", {})  # data_id -> {name, added, retracted}
+            if data_id is not None and data_id not in touched:
+                continue
+            rows.append(
+                {
+                    "ts": int(r["commit_ts"]),
+                    "time": clock.wall_ms(int(r["commit_ts"])),
+                    "txn_id": r["txn_id"],
+                    "tables": sorted({t["name"] for t in touched.values()}),
+                    "rows_added": sum(int(t.get("added", 0)) for t in touched.values()),
+                    "rows_retracted": sum(int(t.get("retracted", 0)) for t in touched.values()),
+                    "operations": list(db.get("ops", [])),
+                    "metadata": json.dumps(meta.get("user", {}), sort_keys=True),
+                }
+            )
+        rows.sort(key=lambda r: r["ts"], reverse=True)
+        if limit is not None:
+            rows = rows[:limit]
+        return pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
+
+    # ---- retention and compaction -----------------------------------------------------------------
+
+    def _retention_ms(self, entry: TableEntry) -> int:
+        return entry.retention_ms if entry.retention_ms is not None else self.root.retention_ms
+
+    def _hold(self, handle: TxnsHandle, data_id: str, retention_ms: int, latest: int) -> int:
+        """Move ``data_id``'s retention hold to ``min(now - retention, latest)`` (readable there first).
+
+        ``handle`` is the caller's own: the database's, or the background worker's.
+        """
+        target = min(clock.ts_of_ms(max(0, self.client.config.clock_ms() - retention_ms)), latest)
+        handle.unblock_read(data_id, latest)
+        with self._hold_lock:
+            held = self._holds.hold(data_id, target)
+            self._held_at[data_id] = self.client.config.clock_ms()
+        return held
+
+    def _has_expired_history(self, handle: TxnsHandle, data_id: str, now_ms: int) -> bool:
+        """Whether the shard (as cached: no request) stores updates older than any retention could keep.
+
+        Judged against the shortest retention in use, so a table with nothing
+        older than that costs no hold at all, nor do new tables: an update's
+        time is at least its batch's lower bound and its run's time rewrite
+        (a committed batch is rewritten to its commit time), so a table's
+        first batch, whose lower bound is 0, counts from its commit time.
+        """
+        shortest = self.root.retention_ms
+        if self._min_table_retention_ms is not None:
+            shortest = min(shortest, self._min_table_retention_ms)
+        target = clock.ts_of_ms(max(0, now_ms - shortest))
+        state = handle.data_writer(data_id).machine.state()
+        if target <= state.since:
+            with self._hold_lock:
+                self._held_at[data_id] = now_ms
+            return False
+        for b in state.batches:
+            for r in b.runs:
+                if r.rows and max(b.lower, r.ts_rewrite if r.ts_rewrite is not None else 0) < target:
+                    return True
+        return False
+
+    def _after_apply(self, handle: TxnsHandle, ts: int, data_ids: frozenset[str]) -> None:
+        """On the background worker, after applying up to ``ts``: move the holds of the tables written.
+
+        Each table at most once a minute, and only when it stores updates
+        older than the shortest retention in use. Never takes the database's
+        lock (see :mod:`txns.db.applier`).
+        """
+        now = self.client.config.clock_ms()
+        with self._hold_lock:
+            due = [d for d in sorted(data_ids) if now - self._held_at.get(d, 0) >= RETENTION_EVERY_MS]
+        due = [d for d in due if self._has_expired_history(handle, d, now)]
+        if not due:
+            return
+        # the retentions in force at ts, read with the worker's handle
+        by_id = CatalogView.from_updates(ts, handle.snapshot(self.root.catalog_id, ts)).by_data_id()
+        for d in due:
+            e = by_id.get(d)
+            if e is None:
+                continue
+            before = handle.data_writer(d).machine.state().since
+            if self._hold(handle, d, self._retention_ms(e), ts) > before:
+                self._compact_small(handle, d)
+
+    def _compact_small(self, handle: TxnsHandle, data_id: str) -> None:
+        """After a hold moved: merge a small shard's batches at the new since (a big one waits for compact())."""
+        w = handle.data_writer(data_id)
+        state = w.machine.state()
+        if len(state.batches) >= 2 and sum(b.size for b in state.batches) <= AUTO_COMPACT_BYTES:
+            compact_all(w)
+
+    def _settle(self, timeout: float | None = None) -> bool:
+        """Wait for the background apply (and maintenance) of every commit made so far; whether it ran."""
+        return self._applier.wait(None, timeout)
+
+    def compact(self) -> dict[str, dict]:
+        """Apply retention to every table (and the catalog), then compact each one. Returns a report per table."""
+        self._check_open()
+        self._settle(APPLY_WAIT_S)  # (the worker's maintenance first, so the two do not race)
+        report: dict[str, dict] = {}
+        with self._lock:
+            self._refresh_root()
+            latest = self.latest()
+            view = self.catalog(latest)
+            longest = max([self.root.retention_ms, *(self._retention_ms(e) for e in view.tables.values())])
+            targets = [(name, e.data_id, self._retention_ms(e)) for name, e in sorted(view.tables.items())]
+            targets.append(("(catalog)", self.root.catalog_id, longest))
+            for name, d, ret in targets:
+                since = self._hold(self.handle, d, ret, latest)
+                r = compact_all(self.handle.data_writer(d))
+                r["hold"] = since
+                report[name] = r
+            self._catalogs.clear()
+        return report
+
+
+HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("time", pa.timestamp("ms", tz="UTC"), nullable=False),
+        pa.field("txn_id", pa.string(), nullable=False),
+        pa.field("tables", pa.list_(pa.string()), nullable=False),
+        pa.field("rows_added", pa.int64(), nullable=False),
+        pa.field("rows_retracted", pa.int64(), nullable=False),
+        pa.field("operations", pa.list_(pa.string()), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),
+    ]
+)
+
+
+__all__ = ["Database", "HISTORY_SCHEMA", "check_retention", "connect"]

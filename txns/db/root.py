@@ -1,0 +1,150 @@
+"""The root record: the one object that makes a location a database.
+
+It lives in the location's consensus under the well-known key ``ROOT_KEY``.
+Version 1 is written once, with a create-if-absent compare-and-set
+(``compare_and_set(ROOT_KEY, None, ...)``), and names the database's txns
+shard and its system tables. Racing creators each propose fresh ids; exactly
+one version 1 lands and every creator then reads and uses it, so they all
+agree. Later versions only change settings (the default history retention),
+each with a compare-and-set on the version it read; the ids never change.
+
+Format: persist's framing (magic, kind ``KIND_ROOT``, format version, CRC-32C)
+around JSON::
+
+    {"format": 1, "txns_id": "s…", "catalog_id": "s…", "created_ms": int, "retention_ms": int}
+
+(History needs no id here: it is the txns shard's commits shard, whose id is
+derived from the txns shard's, see :mod:`txns.commits`.)
+
+Invariants:
+
+- Version 1 of ``ROOT_KEY`` never changes once written; every version keeps
+  its ids. Nothing truncates this key.
+- A location without ``ROOT_KEY`` has no database (``connect(create=False)``
+  refuses it; no operator command creates one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+
+from persist import ExternalError, Indeterminate, InvalidUsage, PersistClient, ShardId
+from persist.codec import frame, unframe
+from persist.location import CaSResult
+from persist.machine import backoff
+
+ROOT_KEY = "txns-db-root"
+KIND_ROOT = 101
+ROOT_FORMAT = 1
+DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class RootRecord:
+    """What the root record says (see the module doc). ``seqno`` is the version it was read at."""
+
+    txns_id: str
+    catalog_id: str
+    created_ms: int
+    retention_ms: int
+    seqno: int = 0
+
+    def encode(self) -> bytes:
+        j = {"format": ROOT_FORMAT, **asdict(self)}
+        j.pop("seqno")
+        return frame(KIND_ROOT, json.dumps(j, sort_keys=True).encode())
+
+    @staticmethod
+    def decode(data: bytes, seqno: int) -> RootRecord:
+        j = json.loads(unframe(f"consensus {ROOT_KEY} seqno {seqno}", data, KIND_ROOT))
+        if j.get("format", 0) > ROOT_FORMAT:
+            raise InvalidUsage(
+                f"this database's root record has format {j['format']}, newer than this library's "
+                f"{ROOT_FORMAT}: upgrade txns"
+            )
+        return RootRecord(
+            txns_id=j["txns_id"],
+            catalog_id=j["catalog_id"],
+            created_ms=j["created_ms"],
+            retention_ms=j["retention_ms"],
+            seqno=seqno,
+        )
+
+
+def read_root(client: PersistClient) -> RootRecord | None:
+    """The root record at ``client``'s location, or None if there is no database there."""
+    head = _retrying(client, lambda: client.consensus.head(ROOT_KEY))
+    return None if head is None else RootRecord.decode(head.data, head.seqno)
+
+
+def create_root(client: PersistClient, proposal: RootRecord) -> RootRecord:
+    """Write ``proposal`` as version 1 unless a root exists; return the root that won."""
+    data = proposal.encode()
+    deadline = time.monotonic() + client.config.retry_deadline_s
+    attempt = 0
+    while True:
+        try:
+            res = client.consensus.compare_and_set(ROOT_KEY, None, data)
+        except Indeterminate:
+            # It may have landed: whatever is there now is the answer.
+            res = CaSResult.MISMATCH
+        except ExternalError:
+            attempt += 1
+            if time.monotonic() > deadline:
+                raise
+            backoff(attempt)
+            continue
+        if res is CaSResult.COMMITTED:
+            return replace(proposal, seqno=1)
+        root = read_root(client)
+        if root is not None:
+            return root
+        attempt += 1  # an indeterminate write that did not land: try again
+        if time.monotonic() > deadline:
+            raise Indeterminate(f"could not create the database root record at {ROOT_KEY}")
+        backoff(attempt)
+
+
+def update_root(client: PersistClient, change: dict) -> RootRecord:
+    """Change settings (``retention_ms``) in a new version of the root record; return it."""
+    while True:
+        root = read_root(client)
+        if root is None:
+            raise InvalidUsage("there is no database here to change")
+        new = replace(root, **change)
+        if new == root:
+            return root
+        try:
+            res = client.consensus.compare_and_set(ROOT_KEY, root.seqno, new.encode())
+        except Indeterminate:
+            continue  # re-read: either it landed (no change needed) or we write again
+        if res is CaSResult.COMMITTED:
+            return replace(new, seqno=root.seqno + 1)
+
+
+def new_proposal(now_ms: int) -> RootRecord:
+    """A fresh root record with new ids."""
+    return RootRecord(
+        txns_id=str(ShardId.new()),
+        catalog_id=str(ShardId.new()),
+        created_ms=now_ms,
+        retention_ms=DEFAULT_RETENTION_MS,
+    )
+
+
+def _retrying(client: PersistClient, op):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + client.config.retry_deadline_s
+    attempt = 0
+    while True:
+        try:
+            return op()
+        except ExternalError:
+            attempt += 1
+            if time.monotonic() > deadline:
+                raise
+            backoff(attempt)
+
+
+__all__ = ["DEFAULT_RETENTION_MS", "ROOT_KEY", "RootRecord", "create_root", "new_proposal", "read_root", "update_root"]
