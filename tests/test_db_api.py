@@ -367,6 +367,7 @@ def test_big_insert_spills_parts_and_scan_matches(tmp_path: Path) -> None:
     big = pa.table({"k": pa.array(range(n), pa.int64()), "s": pa.array([f"v{i % 97}" for i in range(n)])})
     with db.transaction() as t:
         t.insert("t", pa.RecordBatchReader.from_batches(big.schema, big.to_batches(max_chunksize=4096)))
+    db._settle()  # (the commit is applied in the background)
     state = db.client.machine(db.entry("t", db.latest()).data_id).fetch()
     assert len(state.part_keys()) > 5
     # retract some rows in a second transaction (a second, smaller run)

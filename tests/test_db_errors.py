@@ -40,6 +40,7 @@ class Store:
         self.db.create_table("t", SCHEMA)
         with self.db.transaction() as t:
             t.insert("t", GOOD)
+        self.db._settle()  # (commits are applied in the background: let that finish before comparing files)
 
     def files(self) -> set[str]:
         return {str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file()}
@@ -59,6 +60,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def unchanged(store: Store, fn: Callable[[], Any], exc: type[BaseException], match: str) -> BaseException:
     """Run ``fn``, expecting ``exc`` matching ``match``; check the store is exactly as before."""
+    store.db._settle()
     before_state = store.state()
     before_files = store.files()
     with pytest.raises(exc, match=match) as info:

@@ -35,6 +35,7 @@ class FakeClock:
 
 
 def stored(db: txns.Database, name: str) -> dict:
+    db._settle()  # commits are applied (and holds moved) in the background: let it finish first
     return db.client.inspect(db.entry(name, db.latest()).data_id)
 
 

@@ -438,3 +438,34 @@ def test_a_database_commit_whose_reply_was_lost_commits_once() -> None:
         db.close()
     finally:
         _STORES.pop(name, None)
+
+
+# ---- found by the chaos profile with a 1 s part grace --------------------------------------------
+
+
+def test_a_cache_catching_up_from_a_stale_state_survives_compaction_and_gc() -> None:
+    """A handle's machine knew a txns-shard part its cache had not read; compaction retired it and GC
+    deleted it (part_grace_s=0); catching up must read the merged parts instead of failing."""
+    store = Store(config=PersistConfig(part_grace_s=0.0))
+    c1, c2 = store.client(), store.client()
+    h1 = TxnsHandle.open(c1, new_id())
+    d = new_id()
+    h1.register(1, {d: SCHEMA})
+    h2 = TxnsHandle.open(c2, h1.txns_id)
+    w = h1.data_writer(d)
+    big = h1.begin()
+    for i in range(100):  # 100 inline batches: entries past the txns shard's inline limit, so a part
+        big.write_batch(d, w.batch([(((i,), ("x" * 2500,)), 0, 1)], 0, 1))
+    h1.commit(big)
+    parts = c1.machine(h1.txns_id).fetch().part_keys()
+    assert parts
+    h2.read_cache().machine.fetch()  # h2's machine names the part; its cache has not read it
+    for i in range(60):  # enough small commits for compaction to merge the big batch away
+        t = h1.begin()
+        t.write(d, (1000 + i,), ("y",), 1)
+        h1.commit(t)
+    assert not parts & c1.machine(h1.txns_id).fetch().part_keys()
+    assert all(c1.blob.get(k) is None for k in parts), "retired and deleted"
+    h2.read_cache().sync_cached()
+    assert h2.read_cache().frontier == h1.upper
+    assert len(h2.snapshot(d, h1.upper - 1)) == 160

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout
+from persist import CorruptObject, ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout
 from persist.parts import MissingPart, consolidate
 from persist.read import batch_tables, fetch_plan, plan_at, to_updates
 from persist.state import ShardState
@@ -169,6 +169,23 @@ class TxnsCache:
             # Without a hold, compaction may pass our frontier: start over likewise.
             self._start()
             return
+        for attempt in range(3):
+            try:
+                self._read_batches(state)
+                break
+            except MissingPart as e:
+                # SUBTLE: a cached state can name parts that compaction retired and
+                # GC deleted since (after part_grace_s). A fresh state names the
+                # merged parts instead; read on from the frontier (each batch is
+                # processed whole or not at all). A part a fresh state names is lost.
+                state = self.machine.fetch()
+                if e.key in state.part_keys():
+                    raise CorruptObject(e.key, "a part the txns shard references is missing") from None
+                if attempt == 2:
+                    raise
+        self._compact(state.since)
+
+    def _read_batches(self, state: ShardState) -> None:
         for batch in state.batches:
             if batch.upper <= self.frontier:
                 continue
@@ -182,7 +199,6 @@ class TxnsCache:
                     for (key, val), at, diff in to_updates(TXNS_SCHEMA, t):
                         self._process(Entry.from_kv(key, val), at, diff)
             self.frontier = batch.upper
-        self._compact(state.since)
 
     def _compact(self, shard_since: int) -> None:
         """Forget write times below the txns shard's since; move our hold up."""

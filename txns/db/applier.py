@@ -37,7 +37,8 @@ import atexit
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from persist import PersistClient
 from txns.handle import TxnsHandle
@@ -50,7 +51,7 @@ IDLE_EXIT_S = 2.0
 EXIT_WAIT_S = 10.0
 """At interpreter exit, how long to wait for each open applier's submitted work."""
 
-AfterApply = Callable[[TxnsHandle, int, frozenset[str]], None]
+AfterApply = Callable[[TxnsHandle, int, dict[str, Any]], None]
 
 _open: weakref.WeakSet[Applier] = weakref.WeakSet()
 
@@ -64,7 +65,7 @@ class Applier:
         self._after_apply = after_apply
         self._cv = threading.Condition()
         self._queued: int | None = None  # apply up to this commit time next (submissions coalesce)
-        self._queued_ids: set[str] = set()
+        self._queued_ids: dict[str, Any] = {}
         self._submitted = -1  # the latest commit time submitted
         self._done = -1  # every commit time submitted up to this one has had its apply run
         self._tidy = Tidy()
@@ -78,13 +79,17 @@ class Applier:
 
     # ---- the committing side ------------------------------------------------------------------
 
-    def submit(self, ts: int, data_ids: Iterable[str] = ()) -> bool:
-        """Apply every commit up to ``ts`` soon; ``data_ids`` were written by it. False once closed."""
+    def submit(self, ts: int, written: Mapping[str, Any] | None = None) -> bool:
+        """Apply every commit up to ``ts`` soon. False once closed.
+
+        ``written``: what the commit wrote, by data shard (merged over
+        coalesced submissions and handed to ``after_apply``).
+        """
         with self._cv:
             if self._closed:
                 return False
             self._queued = ts if self._queued is None else max(self._queued, ts)
-            self._queued_ids.update(data_ids)
+            self._queued_ids.update(written or {})
             self._submitted = max(self._submitted, ts)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="txns-db-apply", daemon=True)
@@ -145,8 +150,8 @@ class Applier:
                     if self._thread is me:
                         self._thread = None
                     return
-                ts, ids = self._queued, frozenset(self._queued_ids)
-                self._queued, self._queued_ids = None, set()
+                ts, ids = self._queued, self._queued_ids
+                self._queued, self._queued_ids = None, {}
             try:
                 self._apply(ts, ids)
             finally:
@@ -154,7 +159,7 @@ class Applier:
                     self._done = max(self._done, ts)
                     self._cv.notify_all()
 
-    def _apply(self, ts: int, ids: frozenset[str]) -> None:
+    def _apply(self, ts: int, ids: dict[str, Any]) -> None:
         try:
             if self._handle is None:
                 self._handle = TxnsHandle.open(self._client, self._txns_id, hold=False)
@@ -178,8 +183,8 @@ def _drain_at_exit() -> None:
     for a in list(_open):
         try:
             a.close(timeout=EXIT_WAIT_S)
-        except Exception:  # noqa: BLE001 - exiting anyway
-            pass
+        except Exception as e:  # noqa: BLE001 - exiting anyway
+            log.debug("draining the background apply at exit: %s", e)
 
 
-__all__ = ["Applier", "EXIT_WAIT_S", "IDLE_EXIT_S"]
+__all__ = ["EXIT_WAIT_S", "IDLE_EXIT_S", "Applier"]

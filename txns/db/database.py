@@ -51,7 +51,7 @@ import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,8 +77,8 @@ from txns.db.applier import Applier
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound
 from txns.db.retention import RetentionHolds, compact_all
-from txns.db.scan import PlanReader, read_table
 from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
+from txns.db.scan import PlanReader, read_table
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.handle import TxnsHandle
 from txns.txn import Txn, TxnApply
@@ -515,7 +515,7 @@ class Database:
         self,
         txn: Txn,
         validate: Callable[[int], dict[str, TableEntry]] | None,
-        written: Iterable[str] = (),
+        written: Mapping[str, int] | None = None,
     ) -> int:
         """Commit ``txn`` at a database-chosen time; return it once durable.
 
@@ -524,8 +524,9 @@ class Database:
         upper the catalog was validated at (see the module doc), and that
         catalog is cached as the catalog at the commit time. The commit is
         applied by the background worker (which also moves the retention
-        holds of ``written``, the data shards written); its applied entries
-        are tidied by this database's next commit.
+        holds of ``written``: the data shards written, with their tables'
+        creation times); its applied entries are tidied by this database's
+        next commit.
         """
         with self._lock:
             txn.tidy(self._applier.take_tidy())
@@ -674,9 +675,8 @@ class Database:
         if table is not None:
             check_name(table)
             data_id = self.entry(table, ts).data_id
-        self._applier.wait(ts, APPLY_WAIT_S)
         with self._lock:
-            records = self.handle.commit_records(ts)
+            records = self._commit_records(ts)
         rows = []
         for r in records.to_pylist():
             info = json.loads(r["info"])
@@ -704,6 +704,23 @@ class Database:
             rows = rows[:limit]
         return pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
 
+    def _commit_records(self, ts: int) -> pa.Table:
+        """The commit records at ``ts`` (txn_id, commit_ts, wall_ms, info), read without writing anything
+        when the txns cache allows (see :meth:`_log_plan`); else as ``TxnsHandle.commit_records``."""
+        d = self.handle.commits_id
+        cols = ["txn_id", "commit_ts", "wall_ms", "info"]
+        for attempt in range(3):
+            plan = self._log_plan(d, ts) if self.handle.cache.registered_at(d, ts) else None
+            if plan is None:
+                return self.handle.commit_records(ts)
+            try:
+                return read_table(PlanReader(self.client.blob, plan, cols, None, self.client.config.retry_deadline_s))
+            except MissingPart:  # retired by a compaction after we planned: plan again
+                self.handle.data_writer(d).machine.fetch()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
     # ---- retention and compaction -----------------------------------------------------------------
 
     def _retention_ms(self, entry: TableEntry) -> int:
@@ -721,18 +738,20 @@ class Database:
             self._held_at[data_id] = self.client.config.clock_ms()
         return held
 
-    def _has_expired_history(self, handle: TxnsHandle, data_id: str, now_ms: int) -> bool:
+    def _has_expired_history(self, handle: TxnsHandle, data_id: str, now_ms: int, created_ms: int | None = None) -> bool:
         """Whether the shard (as cached: no request) stores updates older than any retention could keep.
 
         Judged against the shortest retention in use, so a table with nothing
-        older than that costs no hold at all, nor do new tables: an update's
-        time is at least its batch's lower bound and its run's time rewrite
-        (a committed batch is rewritten to its commit time), so a table's
-        first batch, whose lower bound is 0, counts from its commit time.
+        older than that costs no hold at all, nor do new tables: a table
+        created (``created_ms``) within that retention has no older update,
+        and an update's time is at least its batch's lower bound and its
+        run's time rewrite (a committed batch is rewritten to its commit time).
         """
         shortest = self.root.retention_ms
         if self._min_table_retention_ms is not None:
             shortest = min(shortest, self._min_table_retention_ms)
+        if created_ms is not None and created_ms > now_ms - shortest:
+            return False
         target = clock.ts_of_ms(max(0, now_ms - shortest))
         state = handle.data_writer(data_id).machine.state()
         if target <= state.since:
@@ -745,8 +764,10 @@ class Database:
                     return True
         return False
 
-    def _after_apply(self, handle: TxnsHandle, ts: int, data_ids: frozenset[str]) -> None:
+    def _after_apply(self, handle: TxnsHandle, ts: int, written: dict[str, int]) -> None:
         """On the background worker, after applying up to ``ts``: move the holds of the tables written.
+
+        ``written``: data shard -> its table's creation time (wall-clock ms).
 
         Each table at most once a minute, and only when it stores updates
         older than the shortest retention in use. Never takes the database's
@@ -754,8 +775,8 @@ class Database:
         """
         now = self.client.config.clock_ms()
         with self._hold_lock:
-            due = [d for d in sorted(data_ids) if now - self._held_at.get(d, 0) >= RETENTION_EVERY_MS]
-        due = [d for d in due if self._has_expired_history(handle, d, now)]
+            due = [d for d in sorted(written) if now - self._held_at.get(d, 0) >= RETENTION_EVERY_MS]
+        due = [d for d in due if self._has_expired_history(handle, d, now, written[d])]
         if not due:
             return
         # the retentions in force at ts, read with the worker's handle

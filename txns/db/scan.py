@@ -5,9 +5,19 @@ parts (Parquet, rows sorted within a part) and/or inline rows, with an
 optional time rewrite. A row's multiplicity at ``as_of`` is the sum of the
 diffs of its updates with ``ts <= as_of``, over every run.
 
-Every piece read here is projected to the asked columns (plus ``diff``) and
-filtered (the user's filter and ``ts <= as_of``) inside the Parquet read,
-after the part's size and CRC-32C are checked against its descriptor.
+Every part read here is fetched and its size and CRC-32C checked against its
+descriptor before anything of it is decoded. Then it is projected to the
+asked columns (plus ``diff``) and filtered (the user's filter and
+``ts <= as_of``) inside the Parquet read. The part's footer statistics
+(checked bytes, like the rest) decide what filtering is needed at all: a
+part whose stored times are all at or below ``as_of`` is read without the
+time filter, and without any filter when the user gave none (the fast path
+of a plain Parquet read).
+
+Parts are fetched, checked and decoded by a pool of up to
+``READ_PARALLELISM`` threads (the Parquet decode runs outside the GIL), in
+the plan's order: results are the same, in the same order, as one part at
+a time. A read of one part (or none) uses no thread.
 
 Consolidation works on the projected rows: a projected row appears as many
 times as the sum of the diffs of the rows that project to it (a multiset
@@ -17,18 +27,25 @@ projection). A multiplicity that sums to zero or less means absent.
 is negative (tables only inserted into, or compacted) no grouping is needed
 at all: rows are returned as stored.
 
-:func:`scan` streams with memory bounded by one part plus the *delta*: every
-run but the largest, and the retractions within the largest. The largest run
-is read part by part; a first pass over its parts (only when it has several)
+:func:`scan` streams with memory bounded by the *delta* (every run but the
+largest, and the retractions within the largest) plus a few parts: the one
+being returned and at most ``SCAN_AHEAD`` read ahead of it (and, between the
+two passes below, ``SCAN_KEEP`` parts' checked bytes). The largest run is
+read part by part; when it has several pieces, a first pass over its parts
 collects its retractions, because a retraction in a later part may cancel a
-row of an earlier one. Size-tiered compaction keeps the runs other than the
+row of an earlier one. That pass decodes only parts whose footer shows a
+negative diff; it goes from the last part to the first and keeps the bytes
+of the first ``SCAN_KEEP`` parts, which the second pass then uses instead of
+fetching them again. Size-tiered compaction keeps the runs other than the
 largest small relative to it.
 """
 
 from __future__ import annotations
 
-import io
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +59,82 @@ from persist.parts import MissingPart, PartRef, Run, decode_inline, get_retrying
 
 IN_MEMORY_BYTES = 64 << 20
 """Plans up to this many stored bytes are consolidated in memory by ``scan`` (one pass)."""
+READ_PARALLELISM = 8
+"""Parts one read fetches, checks and decodes at once (threads)."""
+SCAN_AHEAD = 2
+"""Parts ``scan`` reads ahead of the one it returns."""
+SCAN_KEEP = 2
+"""Parts of the largest run whose checked bytes ``scan``'s first pass keeps for its second."""
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ordered(fn: Callable[[T], R], items: Iterable[T], ahead: int, workers: int = READ_PARALLELISM) -> Iterator[R]:
+    """``fn`` of each item, in order, computed by a pool of threads.
+
+    While the caller holds the result of one item, at most ``ahead`` of the
+    next ones are computed or held (so a stream of parts holds at most
+    ``ahead + 1`` of them). One item (or none, or ``ahead`` < 1, or
+    ``workers`` < 2) runs on the calling thread. Closing the iterator early
+    cancels what has not started and waits for what has.
+    """
+    items = list(items)
+    if len(items) <= 1 or ahead < 1 or workers < 2:
+        for x in items:
+            yield fn(x)
+        return
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(items), ahead + 1), thread_name_prefix="txns-db-read")
+    pending: deque[Future[R]] = deque()
+    rest = iter(items)
+    try:
+        for x in rest:
+            pending.append(pool.submit(fn, x))
+            if len(pending) > ahead:
+                break
+        while pending:
+            r = pending.popleft().result()
+            yield r
+            del r
+            for x in rest:
+                pending.append(pool.submit(fn, x))
+                break
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
+
+
+def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float) -> bytes:
+    """A part's bytes, after checking their size and CRC-32C against its descriptor."""
+    data = get_retrying(blob, ref.key, retry_deadline_s)
+    if data is None:
+        raise MissingPart(ref.key)
+    if len(data) != ref.size:
+        raise CorruptObject(ref.key, f"size {len(data)} != recorded {ref.size}")
+    if crc32c(data) != ref.crc:
+        raise CorruptObject(ref.key, "CRC-32C mismatch with the part descriptor")
+    return data
+
+
+def _footer_bounds(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
+    """(largest stored ``ts``, smallest ``diff``) over the part's row groups, from its footer; None: unknown."""
+    names = [meta.schema.column(j).name for j in range(meta.num_columns)]
+    if "ts" not in names or "diff" not in names:
+        return None, None
+    its, idiff = names.index("ts"), names.index("diff")
+    ts_max: int | None = None
+    diff_min: int | None = None
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        if rg.num_rows == 0:
+            continue
+        a, b = rg.column(its).statistics, rg.column(idiff).statistics
+        if a is None or b is None or not a.has_min_max or not b.has_min_max:
+            return None, None
+        ts_max = a.max if ts_max is None else max(ts_max, a.max)
+        diff_min = b.min if diff_min is None else min(diff_min, b.min)
+    return ts_max, diff_min
 
 
 def check_columns(schema: pa.Schema, columns: object) -> list[str]:
@@ -94,12 +187,19 @@ class PlanReader:
         self.filter = filter
         self.retry_deadline_s = retry_deadline_s
 
-    def _expr(self, negative_only: bool) -> pc.Expression:
-        e = pc.field("ts") <= pa.scalar(self.plan.as_of, pa.uint64())
+    def _expr(self, negative_only: bool, times: bool = True) -> pc.Expression | None:
+        terms = []
+        if times:
+            terms.append(pc.field("ts") <= pa.scalar(self.plan.as_of, pa.uint64()))
         if self.filter is not None:
-            e = e & self.filter
+            terms.append(self.filter)
         if negative_only:
-            e = e & (pc.field("diff") < 0)
+            terms.append(pc.field("diff") < 0)
+        if not terms:
+            return None
+        e = terms[0]
+        for t in terms[1:]:
+            e = e & t
         return e
 
     def _finish(self, table: pa.Table, run: Run) -> pa.Table:
@@ -117,30 +217,53 @@ class PlanReader:
             )
         return self._finish(t.filter(self._expr(negative_only)), run)
 
-    def part(self, run: Run, ref: PartRef, negative_only: bool = False) -> pa.Table:
-        data = get_retrying(self.blob, ref.key, self.retry_deadline_s)
+    def load(self, ref: PartRef) -> bytes:
+        """The part's bytes, checked (size and CRC-32C)."""
+        return load_part(self.blob, ref, self.retry_deadline_s)
+
+    def part(self, run: Run, ref: PartRef, negative_only: bool = False, data: bytes | None = None) -> pa.Table:
+        """The part's rows (fetched and checked first, unless ``data`` are its checked bytes)."""
         if data is None:
-            raise MissingPart(ref.key)
-        if len(data) != ref.size:
-            raise CorruptObject(ref.key, f"size {len(data)} != recorded {ref.size}")
-        if crc32c(data) != ref.crc:
-            raise CorruptObject(ref.key, "CRC-32C mismatch with the part descriptor")
+            data = self.load(ref)
         if run.ts_rewrite is not None and run.ts_rewrite > self.plan.as_of:
             return self.empty()
-        # A rewritten time is max(ts, rewrite), which is <= as_of iff both are:
-        # the rewrite was checked just above, so filtering on the stored ts is exact.
+        cols = [*self.columns, "diff"]
         try:
-            t = pq.read_table(io.BytesIO(data), columns=[*self.columns, "diff"], filters=self._expr(negative_only))
+            f = pq.ParquetFile(pa.BufferReader(data))
+            ts_max, diff_min = _footer_bounds(f.metadata)
+            if negative_only and diff_min is not None and diff_min > 0:
+                return self.empty()  # no retraction in this part
+            # A rewritten time is max(ts, rewrite), which is <= as_of iff both are:
+            # the rewrite was checked just above, so filtering on the stored ts is exact
+            # (and needless when every stored ts is <= as_of).
+            expr = self._expr(negative_only, times=ts_max is None or ts_max > self.plan.as_of)
+            if expr is None:
+                t = f.read(columns=cols)
+            else:
+                t = pq.read_table(pa.BufferReader(data), columns=cols, filters=expr)
         except Exception as e:  # noqa: BLE001 - any decode failure of a checked part means corrupt
             raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
         return self._finish(t.replace_schema_metadata(None), run)
 
+    def pieces(self, runs: Iterable[Run], negative_only: bool = False, ahead: int = READ_PARALLELISM) -> Iterator[pa.Table]:
+        """Every piece of ``runs`` in order (inline rows, then parts), parts read by a pool (see :func:`ordered`)."""
+
+        def read(item: tuple[Run, PartRef | None]) -> pa.Table:
+            run, ref = item
+            if ref is None:
+                t = self.inline(run, negative_only)
+                return t if t is not None else self.empty()
+            return self.part(run, ref, negative_only)
+
+        items: list[tuple[Run, PartRef | None]] = []
+        for run in runs:
+            if run.inline is not None:
+                items.append((run, None))
+            items.extend((run, ref) for ref in run.parts)
+        yield from ordered(read, items, ahead)
+
     def run_pieces(self, run: Run, negative_only: bool = False) -> Iterator[pa.Table]:
-        t = self.inline(run, negative_only)
-        if t is not None:
-            yield t
-        for ref in run.parts:
-            yield self.part(run, ref, negative_only)
+        yield from self.pieces([run], negative_only)
 
     def empty(self) -> pa.Table:
         return pa.schema([*self.out_schema, self.arrow.field("diff")]).empty_table()
@@ -172,8 +295,8 @@ def expand(table: pa.Table) -> pa.Table:
 
 
 def read_table(reader: PlanReader) -> pa.Table:
-    """The whole snapshot, consolidated, in memory."""
-    pieces = [t for run in reader.plan.runs for t in reader.run_pieces(run)]
+    """The whole snapshot, consolidated, in memory (parts read in parallel)."""
+    pieces = list(reader.pieces(reader.plan.runs))
     table = pa.concat_tables(pieces) if pieces else reader.empty()
     return consolidate(table, reader.columns).cast(reader.out_schema)
 
@@ -186,14 +309,35 @@ def scan(reader: PlanReader, in_memory_bytes: int = IN_MEMORY_BYTES) -> Iterator
         return
     big = max(runs, key=lambda r: r.size)
     rest = [r for r in runs if r is not big]
-    pieces = [t for r in rest for t in reader.run_pieces(r)]
+    pieces = list(reader.pieces(rest, ahead=SCAN_AHEAD))
     two_pass = len(big.parts) + (big.inline is not None) > 1
+    kept: dict[int, bytes] = {}
     if two_pass:
         # pass 1: the big run's retractions, which may cancel rows of any of its pieces
-        pieces += list(reader.run_pieces(big, negative_only=True))
+        neg = reader.inline(big, negative_only=True)
+        if neg is not None:
+            pieces.append(neg)
+
+        def retractions(i: int) -> tuple[int, pa.Table, bytes]:
+            data = reader.load(big.parts[i])
+            return i, reader.part(big, big.parts[i], negative_only=True, data=data), data
+
+        negs: dict[int, pa.Table] = {}
+        for i, t, data in ordered(retractions, reversed(range(len(big.parts))), SCAN_AHEAD):
+            negs[i] = t
+            if i < SCAN_KEEP:
+                kept[i] = data  # the second pass starts with these: no second fetch
+        pieces += [negs[i] for i in sorted(negs)]
     delta = _grouped(pieces, reader)  # projected row -> summed diff, nonzero
-    for piece in reader.run_pieces(big):
-        if two_pass:
+    del pieces
+
+    def whole(i: int) -> pa.Table:
+        ref = big.parts[i]
+        return reader.part(big, ref, data=kept.pop(i, None))
+
+    big_inline = reader.inline(big)
+    for piece in _chain([big_inline] if big_inline is not None else [], ordered(whole, range(len(big.parts)), SCAN_AHEAD)):
+        if two_pass and piece.num_rows and pc.min(piece.column("diff")).as_py() <= 0:
             piece = piece.filter(pc.greater(piece.column("diff"), 0))  # its retractions are in the delta
         if piece.num_rows == 0:
             continue
@@ -203,6 +347,11 @@ def scan(reader: PlanReader, in_memory_bytes: int = IN_MEMORY_BYTES) -> Iterator
     left = delta.filter(pc.greater(delta.column("diff"), 0))
     if left.num_rows:
         yield from expand(left).cast(reader.out_schema).to_batches()
+
+
+def _chain(*its: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    for it in its:
+        yield from it
 
 
 def _grouped(pieces: list[pa.Table], reader: PlanReader) -> pa.Table:
@@ -240,33 +389,37 @@ def read_changes(
 
     Consolidated per (row, ts), zero sums dropped, sorted by time. The caller
     checks ``start`` is at or above the shard's since (below it, compaction
-    has merged times).
+    has merged times). Parts are read like :func:`read_table`'s.
     """
     arrow = plan.schema.arrow
     hi = pa.scalar(plan.as_of, pa.uint64())
-    pieces = []
-    for run in plan.runs:
-        if run.ts_rewrite is not None and run.ts_rewrite > plan.as_of:
-            continue
-        tables: list[pa.Table] = []
-        if run.inline is not None:
+    runs = [run for run in plan.runs if run.ts_rewrite is None or run.ts_rewrite <= plan.as_of]
+
+    def read(item: tuple[Run, PartRef | None]) -> pa.Table:
+        run, ref = item
+        if ref is None:
+            assert run.inline is not None
             t = decode_inline(run.inline, arrow)
-            tables.append(t.filter(pc.field("ts") <= hi).select([*columns, "ts", "diff"]))
-        for ref in run.parts:
-            data = get_retrying(blob, ref.key, retry_deadline_s)
-            if data is None:
-                raise MissingPart(ref.key)
-            if len(data) != ref.size or crc32c(data) != ref.crc:
-                raise CorruptObject(ref.key, "size or CRC-32C mismatch with the part descriptor")
-            t = pq.read_table(io.BytesIO(data), columns=[*columns, "ts", "diff"], filters=pc.field("ts") <= hi)
-            tables.append(t.replace_schema_metadata(None))
-        for t in tables:
-            if run.ts_rewrite is not None and t.num_rows:
-                ts = pc.max_element_wise(t.column("ts"), pa.scalar(run.ts_rewrite, pa.uint64()))
-                t = t.set_column(t.column_names.index("ts"), "ts", ts)
-            t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(start, pa.uint64())))
-            if t.num_rows:
-                pieces.append(t.cast(pa.schema([*(arrow.field(c) for c in columns), arrow.field("ts"), arrow.field("diff")])))
+            t = t.filter(pc.field("ts") <= hi).select([*columns, "ts", "diff"])
+        else:
+            data = load_part(blob, ref, retry_deadline_s)
+            try:
+                t = pq.read_table(pa.BufferReader(data), columns=[*columns, "ts", "diff"], filters=pc.field("ts") <= hi)
+            except Exception as e:  # noqa: BLE001 - any decode failure of a checked part means corrupt
+                raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
+            t = t.replace_schema_metadata(None)
+        if run.ts_rewrite is not None and t.num_rows:
+            ts = pc.max_element_wise(t.column("ts"), pa.scalar(run.ts_rewrite, pa.uint64()))
+            t = t.set_column(t.column_names.index("ts"), "ts", ts)
+        t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(start, pa.uint64())))
+        return t.cast(pa.schema([*(arrow.field(c) for c in columns), arrow.field("ts"), arrow.field("diff")]))
+
+    items: list[tuple[Run, PartRef | None]] = []
+    for run in runs:
+        if run.inline is not None:
+            items.append((run, None))
+        items.extend((run, ref) for ref in run.parts)
+    pieces = [t for t in ordered(read, items, READ_PARALLELISM) if t.num_rows]
     out_schema = pa.schema([*(arrow.field(c) for c in columns), pa.field("ts", pa.int64()), pa.field("diff", pa.int64())])
     if not pieces:
         return out_schema.empty_table()
@@ -282,5 +435,19 @@ def _sortable(t: pa.DataType) -> bool:
     return not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
 
 
-__all__ = ["IN_MEMORY_BYTES", "PlanReader", "check_columns", "check_filter", "consolidate", "read_changes", "read_table", "scan"]
+__all__ = [
+    "IN_MEMORY_BYTES",
+    "READ_PARALLELISM",
+    "SCAN_AHEAD",
+    "SCAN_KEEP",
+    "PlanReader",
+    "check_columns",
+    "check_filter",
+    "consolidate",
+    "load_part",
+    "ordered",
+    "read_changes",
+    "read_table",
+    "scan",
+]
 

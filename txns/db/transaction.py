@@ -479,7 +479,8 @@ class Transaction:
                     txn.write_batch(d, b)
             for e, n in sorted(changes.items(), key=lambda x: (x[0].name, x[1])):
                 txn.write(db.root.catalog_id, e.key(), (), n)
-            written = [d for d in self._batches if d != db.root.catalog_id]
+            known = [*self._view.values(), *(x for _, a, b in self._ops for x in (a, b) if x is not None)]
+            written = {e.data_id: e.created_ms for e in known if e.data_id in self._batches}
             ts = db._commit(txn, self._validate if self._ops else None, written)
             committed = True
         except Indeterminate:
