@@ -337,3 +337,55 @@ def test_a_transactions_tables_are_written_out_at_once(db: txns.Database, monkey
         t.insert("b", table(range(100)))
     assert outcome == ["together", "together"]
     assert db.table("a").count() == db.table("b").count() == 100
+
+
+def test_a_table_not_written_since_is_read_without_a_state_read(db: txns.Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from persist.machine import Machine
+
+    db.create_table("quiet", SCHEMA)
+    db.create_table("busy", SCHEMA)
+    with db.transaction() as t:
+        t.insert("quiet", table(range(3)))
+    db._settle()
+    assert db.table("quiet").count() == 3
+    for i in range(3):
+        with db.transaction() as t:
+            t.insert("busy", table(range(i, i + 1)))
+    d = db.entry("quiet", db.latest()).data_id
+    fetched: list[str] = []
+    orig = Machine.fetch
+
+    def fetch(self: Machine) -> object:
+        fetched.append(self.shard_id)
+        return orig(self)
+
+    monkeypatch.setattr(Machine, "fetch", fetch)
+    assert rows(db.table("quiet").to_arrow()) == rows(table(range(3)))
+    assert d not in fetched  # no write to it since its cached state: that state is the snapshot
+
+
+def test_a_stale_connection_reads_commits_another_applied_and_tidied(url: str, db: txns.Database) -> None:
+    """Its cached table state predates the apply; its txns cache has seen the tidy: the state must be re-read."""
+    db.create_table("t", SCHEMA)
+    db.create_table("u", SCHEMA)
+    with db.transaction() as t:
+        t.insert("t", table(range(2)))
+    other = txns.connect(url, create=False)
+    assert other.table("t").count() == 2  # caches the table's state
+    with db.transaction() as t:
+        t.insert("t", table(range(2, 4)))
+    db._settle()  # applied...
+    with db.transaction() as t:
+        t.insert("t", table(range(4, 5)))  # ...and tidied by this commit
+    db._settle()
+    with db.transaction() as t:
+        t.insert("t", table(range(5, 6)))  # (and tidied again: the log keeps none of the earlier ones)
+    db._settle()
+    with db.transaction() as t:
+        t.insert("u", table(range(1)))  # (so the latest time is past the table's last write)
+    db._settle()
+    d = db.entry("t", db.latest()).data_id
+    before = seqnos(url, [d])
+    assert rows(other.table("t").to_arrow()) == rows(table(range(6)))
+    assert seqnos(url, [d]) == before  # read from a fresh state and the log: nothing applied or filled
+    other.close()

@@ -155,10 +155,15 @@ def test_parallel_reads_give_exactly_the_sequential_results(built: Built, monkey
 def test_parts_are_read_at_once(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
     barrier = threading.Barrier(2, timeout=10)
     outcome: list[str] = []
+    arrived = []
+    lock = threading.Lock()
     orig = scan_mod.load_part
 
     def load_part(*args: Any) -> bytes:
-        if len(outcome) < 2:
+        with lock:
+            first_two = len(arrived) < 2
+            arrived.append(1)
+        if first_two:
             try:
                 barrier.wait()
                 outcome.append("together")
@@ -175,7 +180,7 @@ def test_a_corrupt_part_is_still_caught(tmp_path: Path) -> None:
     db = txns.connect(f"file://{tmp_path / 'db'}", config=PersistConfig(part_target_bytes=16 << 10))
     db.create_table("t", SCHEMA)
     with db.transaction() as t:
-        t.insert("t", rows_of(range(5000)))
+        t.insert("t", pa.RecordBatchReader.from_batches(SCHEMA, rows_of(range(5000)).to_batches(max_chunksize=500)))
     db._settle()
     plan = db.plan(db.entry("t", db.latest()), db.latest())
     refs = [p for r in plan.runs for p in r.parts]
@@ -248,15 +253,34 @@ def test_a_plain_read_decodes_without_filters(inserted: txns.Database, monkeypat
     assert n["filtered"] == loads  # a user filter is pushed into every part's read
 
 
-def test_an_abandoned_scan_leaves_no_reader_threads(inserted: txns.Database) -> None:
-    reader = inserted.table("t").scan()
-    assert reader.read_next_batch().num_rows > 0
-    reader.close()
-    del reader
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(t.name.startswith("txns-db-read") for t in threading.enumerate()):
-        time.sleep(0.05)
-    assert not any(t.name.startswith("txns-db-read") for t in threading.enumerate())
+def test_an_abandoned_scan_reads_nothing_more(inserted: txns.Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = inserted
+    plan = db.plan(db.entry("t", db.latest()), db.latest())
+    parts = sum(len(r.parts) for r in plan.runs)
+    live = {"now": 0, "started": 0}
+    lock = threading.Lock()
+    orig = scan_mod.load_part
+
+    def load_part(*args: Any) -> bytes:
+        with lock:
+            live["now"] += 1
+            live["started"] += 1
+        try:
+            time.sleep(0.01)
+            return orig(*args)
+        finally:
+            with lock:
+                live["now"] -= 1
+
+    monkeypatch.setattr(scan_mod, "load_part", load_part)
+    reader = scan_mod.PlanReader(db.client.blob, plan, SCHEMA.names, None, 30.0)
+    it = scan_mod.scan(reader, in_memory_bytes=0)
+    assert next(it).num_rows > 0
+    it.close()  # (what dropping a RecordBatchReader over it does)
+    started = live["started"]
+    assert live["now"] == 0  # nothing of it still running
+    time.sleep(0.2)
+    assert live["started"] == started < 2 * parts  # and nothing started after
 
 
 def test_ordered_keeps_order_and_bounds_what_is_ahead() -> None:

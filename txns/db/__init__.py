@@ -21,7 +21,9 @@
 Modules, one job each: ``root`` (the root record), ``clock`` (hybrid
 timestamps), ``catalog`` (names -> data shards), ``arrow_io`` (inputs and
 outputs), ``scan`` (reading plans as Arrow), ``transaction``, ``table``,
-``retention``, ``database``, ``commands`` (the CLI's database commands). Spark is never imported here.
+``retention``, ``applier`` (applying commits in the background), ``pool``
+(the threads for parallel storage calls), ``database``, ``commands`` (the
+CLI's database commands). Spark is never imported here.
 """
 
 from txns.db.catalog import TableEntry

@@ -20,10 +20,10 @@ Invariants:
   (``take_tidy``; ``Entry`` values are valid on any handle, and the core
   retracts only entries still present, so entries tidied meanwhile by
   someone else are skipped).
-- A failed apply is only logged: the commit is durable, and every reader
-  applies what it needs itself (the txns read protocol), so nothing waits on
-  the worker for correctness. Readers may wait a bounded time for an apply
-  in flight, to avoid doing the same writes twice.
+- A failed apply is only logged: the commit is durable, and readers do not
+  need it (they read unapplied batches from the txns shard's log, or apply
+  what they need themselves), so nothing waits on the worker for
+  correctness; the next apply covers what this one missed.
 - ``close()`` runs what was submitted, then stops the thread. A worker that
   stays idle for ``IDLE_EXIT_S`` ends its thread too (the next submission
   starts another), so a database dropped without ``close()`` leaves no

@@ -14,9 +14,13 @@ registered. Everything a user does goes through the txns protocol:
   shards (metadata only), the maintenance that asks for, and moving the
   written tables' retention holds happen right after, on a background worker
   with a handle of its own (:mod:`txns.db.applier`); the entries it applied
-  are tidied by the next commit. Reads apply whatever they need anyway (a
-  read first waits, bounded, for an apply in flight, rather than doing the
-  same writes), so a crash or a failed apply blocks nobody.
+  are tidied by the next commit;
+- reads need no apply: a table (the catalog and history too) is read as its
+  data shard's batches plus the committed batches not applied to it yet,
+  taken from the txns shard's log (:meth:`Database._log_plan`), so a read
+  never waits for the worker, repeats its work or writes anything (where
+  the txns cache cannot vouch for that, the txns read protocol applies and
+  fills as before). A crash or a failed apply blocks nobody.
 
 Invariants:
 
@@ -38,6 +42,9 @@ Invariants:
   commits to reach it, then raises ``ReadTimeout``.
 - ``close()`` waits for the background apply of every commit made through
   this object, then stops its thread.
+- Retention holds never pass an unapplied write: a hold is moved only after
+  the shard was made readable (applied and filled) at the time it may reach,
+  by the handle that moves it (the worker's, or this object's in ``compact``).
 
 A ``Database`` is safe to share between threads (one lock serializes its
 use of the txns handle; part reads run outside it; the background worker
@@ -52,7 +59,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -76,6 +83,7 @@ from txns.db import clock
 from txns.db.applier import Applier
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound
+from txns.db.pool import each, in_pool, pool
 from txns.db.retention import RetentionHolds, compact_all
 from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
 from txns.db.scan import PlanReader, read_table
@@ -99,7 +107,7 @@ UNCERTAIN_RETRIES = 3
 AUTO_COMPACT_BYTES = 8 << 20
 """Tables up to this size are compacted whole when their hold moves (bigger ones by ``compact()``)."""
 APPLY_WAIT_S = 5.0
-"""How long a read waits for a background apply in flight before applying what it needs itself."""
+"""How long ``compact()`` waits for the background worker's apply and maintenance before its own."""
 
 
 def check_retention(retention: object, what: str = "retention") -> int:
@@ -117,6 +125,12 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception as e:  # noqa: BLE001 - an optimization only; the caller's later steps do it again
         log.debug("%s%r deferred: %s", getattr(fn, "__name__", fn), args, e)
+
+
+def _writes_in(cache: Any, data_id: str, lo: int, hi: int) -> set[int]:
+    """The commit times of the writes to ``data_id`` in ``[lo, hi]`` the txns cache knows (those at or above its since)."""
+    times = cache.writes.get(data_id, [])
+    return set(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
 
 
 def _missing_file_dir(url: str) -> str | None:
@@ -190,11 +204,11 @@ class Database:
         self.root = root
         self._url = url
         self._lock = threading.RLock()
-        schemas = self._write_system_schemas() if new else None
+        schemas = self._write_system_schemas() if new else []
         # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
         self.handle = TxnsHandle.open(client, root.txns_id)
-        if schemas is not None:
-            schemas.shutdown(wait=True)
+        for f in schemas:
+            f.result()
         self._catalogs: dict[tuple[str, int], CatalogView] = {}
         self._min_table_retention_ms: int | None = None  # the shortest table retention seen in a catalog
         self._holds = RetentionHolds(client)
@@ -204,17 +218,17 @@ class Database:
         self._applier = Applier(client, root.txns_id, self._after_apply)
         self._ensure_catalog()
 
-    def _write_system_schemas(self) -> ThreadPoolExecutor:
+    def _write_system_schemas(self) -> list[Future[None]]:
         """A new database: record the catalog's and the commits shard's schemas while the txns shard opens.
 
         Only a head start (each is a conditional write to its own shard): the
         registration and the first commit would write them otherwise, one
         after the other. A failure here is left for them to meet.
         """
-        pool = ThreadPoolExecutor(max_workers=2)
-        for shard, schema in ((self.root.catalog_id, CATALOG_SCHEMA), (commits_shard_id(self.root.txns_id), COMMITS_SCHEMA)):
-            pool.submit(_quietly, self.client.register_schema, shard, schema)
-        return pool
+        if in_pool():
+            return []
+        shards = ((self.root.catalog_id, CATALOG_SCHEMA), (commits_shard_id(self.root.txns_id), COMMITS_SCHEMA))
+        return [pool().submit(_quietly, self.client.register_schema, d, schema) for d, schema in shards]
 
     # ---- identity and settings ------------------------------------------------------------
 
@@ -489,9 +503,9 @@ class Database:
         if len(shards) > 1:
             # Each shard's schema is a conditional write of its own: write them at
             # once (register() then finds them written and writes them no more).
-            with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
-                for f in [pool.submit(self.client.register_schema, d, schema) for d, schema in shards.items()]:
-                    f.result()
+            for res in each(lambda item: self.client.register_schema(*item), list(shards.items())):
+                if isinstance(res, BaseException):
+                    raise res
         with self._lock:
             ts = max(self.handle.cache.frontier, self._now_ts())
             while True:
@@ -613,14 +627,14 @@ class Database:
             return None
         w = self.handle.data_writer(data_id)
         state = w.machine.state()
-        if state.upper <= ts:
-            state = w.machine.fetch()  # (read after the cache)
+        if state.upper <= ts and (ts < cache.since or _writes_in(cache, data_id, state.upper, ts)):
+            # (read after the cache; without a write in [upper, ts] the cached state is the snapshot)
+            state = w.machine.fetch()
         if ts < state.since:
             raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
         runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
         if state.upper <= ts and ts >= cache.since:
-            times = cache.writes.get(data_id, [])
-            due = set(times[bisect.bisect_left(times, state.upper) : bisect.bisect_right(times, ts)])
+            due = _writes_in(cache, data_id, state.upper, ts)
             if due:
                 pending = sorted(e for e in cache.entries if e.data_id == data_id and e.batch and state.upper <= e.ts <= ts)
                 if {e.ts for e in pending} != due:

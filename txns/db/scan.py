@@ -14,10 +14,10 @@ part whose stored times are all at or below ``as_of`` is read without the
 time filter, and without any filter when the user gave none (the fast path
 of a plain Parquet read).
 
-Parts are fetched, checked and decoded by a pool of up to
-``READ_PARALLELISM`` threads (the Parquet decode runs outside the GIL), in
-the plan's order: results are the same, in the same order, as one part at
-a time. A read of one part (or none) uses no thread.
+Parts are fetched, checked and decoded on the process's shared thread pool
+(:mod:`txns.db.pool`), up to ``READ_PARALLELISM`` at once (the Parquet
+decode runs outside the GIL), in the plan's order: results are the same, in the same order, as one part at
+a time. A read of one part (or none: inline rows only) uses no thread.
 
 Consolidation works on the projected rows: a projected row appears as many
 times as the sum of the diffs of the rows that project to it (a multiset
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from typing import TypeVar
 
 import numpy as np
@@ -56,6 +56,7 @@ from persist import CorruptObject, InvalidUsage, SnapshotPlan
 from persist.codec import crc32c
 from persist.location import Blob
 from persist.parts import MissingPart, PartRef, Run, decode_inline, get_retrying
+from txns.db.pool import in_pool, pool
 
 IN_MEMORY_BYTES = 64 << 20
 """Plans up to this many stored bytes are consolidated in memory by ``scan`` (one pass)."""
@@ -71,25 +72,27 @@ R = TypeVar("R")
 
 
 def ordered(fn: Callable[[T], R], items: Iterable[T], ahead: int, workers: int = READ_PARALLELISM) -> Iterator[R]:
-    """``fn`` of each item, in order, computed by a pool of threads.
+    """``fn`` of each item, in order, computed on the shared pool (:mod:`txns.db.pool`).
 
     While the caller holds the result of one item, at most ``ahead`` of the
     next ones are computed or held (so a stream of parts holds at most
-    ``ahead + 1`` of them). One item (or none, or ``ahead`` < 1, or
-    ``workers`` < 2) runs on the calling thread. Closing the iterator early
-    cancels what has not started and waits for what has.
+    ``ahead + 1`` of them; and at most ``workers`` run at once). One item
+    (or none, or ``ahead`` < 1, or ``workers`` < 2, or a caller on the pool)
+    runs on the calling thread. Closing the iterator early cancels what has
+    not started and waits for what has.
     """
     items = list(items)
-    if len(items) <= 1 or ahead < 1 or workers < 2:
+    if len(items) <= 1 or ahead < 1 or workers < 2 or in_pool():
         for x in items:
             yield fn(x)
         return
-    pool = ThreadPoolExecutor(max_workers=min(workers, len(items), ahead + 1), thread_name_prefix="txns-db-read")
+    ahead = min(ahead, workers - 1)
+    threads = pool()
     pending: deque[Future[R]] = deque()
     rest = iter(items)
     try:
         for x in rest:
-            pending.append(pool.submit(fn, x))
+            pending.append(threads.submit(fn, x))
             if len(pending) > ahead:
                 break
         while pending:
@@ -97,12 +100,17 @@ def ordered(fn: Callable[[T], R], items: Iterable[T], ahead: int, workers: int =
             yield r
             del r
             for x in rest:
-                pending.append(pool.submit(fn, x))
+                pending.append(threads.submit(fn, x))
                 break
     finally:
         for f in pending:
             f.cancel()
-        pool.shutdown(wait=True)
+        wait(pending)
+
+
+def _workers(items: list[tuple[Run, PartRef | None]]) -> int:
+    """Threads for reading ``items``: none unless at least two are parts (inline rows decode in no time)."""
+    return READ_PARALLELISM if sum(ref is not None for _, ref in items) > 1 else 1
 
 
 def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float) -> bytes:
@@ -215,7 +223,9 @@ class PlanReader:
                 "ts",
                 pc.max_element_wise(t.column("ts"), pa.scalar(run.ts_rewrite, pa.uint64())),
             )
-        return self._finish(t.filter(self._expr(negative_only)), run)
+        latest = pc.max(t.column("ts")).as_py() if t.num_rows else None
+        expr = self._expr(negative_only, times=latest is not None and latest > self.plan.as_of)
+        return self._finish(t if expr is None else t.filter(expr), run)
 
     def load(self, ref: PartRef) -> bytes:
         """The part's bytes, checked (size and CRC-32C)."""
@@ -260,7 +270,7 @@ class PlanReader:
             if run.inline is not None:
                 items.append((run, None))
             items.extend((run, ref) for ref in run.parts)
-        yield from ordered(read, items, ahead)
+        yield from ordered(read, items, ahead, _workers(items))
 
     def run_pieces(self, run: Run, negative_only: bool = False) -> Iterator[pa.Table]:
         yield from self.pieces([run], negative_only)
@@ -419,7 +429,7 @@ def read_changes(
         if run.inline is not None:
             items.append((run, None))
         items.extend((run, ref) for ref in run.parts)
-    pieces = [t for t in ordered(read, items, READ_PARALLELISM) if t.num_rows]
+    pieces = [t for t in ordered(read, items, READ_PARALLELISM, _workers(items)) if t.num_rows]
     out_schema = pa.schema([*(arrow.field(c) for c in columns), pa.field("ts", pa.int64()), pa.field("diff", pa.int64())])
     if not pieces:
         return out_schema.empty_table()

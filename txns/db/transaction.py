@@ -32,7 +32,6 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ from txns.db import clock
 from txns.db.arrow_io import check_input, conformed
 from txns.db.catalog import TableEntry, check_name, check_schema, data_schema
 from txns.db.errors import RowNotFound, TableExists, TableNotFound, TransactionClosed
+from txns.db.pool import each
 from txns.db.scan import PlanReader, read_table
 
 if TYPE_CHECKING:
@@ -410,24 +410,14 @@ class Transaction:
         return data_id
 
     def _finish(self) -> None:
-        """Finish every builder (their last parts encoded and uploaded at once, up to 8 at a time).
+        """Finish every builder (their last parts encoded and uploaded at once, on the shared pool).
 
         A builder that finished moves its batch over (so an abort deletes its
         parts); one that failed stays. Raises the first failure.
         """
         items = sorted(self._builders.items())
 
-        def finish(b: BatchBuilder) -> Batch | BaseException:
-            try:
-                return b.finish()
-            except BaseException as e:  # noqa: BLE001 - raised below, after the others finished
-                return e
-
-        if len(items) > 1:
-            with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-                results = list(pool.map(finish, (b for _, b in items)))
-        else:
-            results = [finish(b) for _, b in items]
+        results = each(lambda b: b.finish(), [b for _, b in items])
         failure: BaseException | None = None
         for ((d, sign), _b), res in zip(items, results, strict=True):
             if isinstance(res, BaseException):
