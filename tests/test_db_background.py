@@ -118,11 +118,14 @@ def test_close_waits_for_the_apply_and_stops_the_worker(url: str, monkeypatch: p
     ts = t.commit_info.ts  # type: ignore[union-attr]
     d = db.entry("t", ts).data_id
     assert gate.entered.wait(10) and db._applier.running
+    worker = db._applier._thread
+    assert worker is not None
     threading.Timer(0.3, gate.release).start()
     db.close()
     assert upper(url, d) > ts
     assert not db._applier.running
-    assert not [th for th in threading.enumerate() if th.name == "txns-db-apply" and th.is_alive()]
+    # this database's worker has ended (other tests' idle workers may still be winding down)
+    assert not worker.is_alive()
     with pytest.raises(PersistError, match="closed"):
         db.tables()
 
