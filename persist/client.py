@@ -106,26 +106,53 @@ class PersistClient:
         since = m.apply(transition)
         return ReadHandle(self.blob, m, schema, self.config, reader_id, since)
 
-    def open_critical_since(self, shard_id: ShardId | str, reader_id: str, opaque: int) -> SinceHandle:
+    def open_critical_since(
+        self, shard_id: ShardId | str, reader_id: str, opaque: int, schema: Schema | None = None
+    ) -> SinceHandle:
         """The critical since handle ``reader_id``, registered (at the current since) if new.
 
         An existing registration keeps its since and opaque; the handle reports them.
+        ``schema``: also record the shard's schema (as :meth:`register_schema`), in
+        the same conditional write; nothing is written when both are there already.
         """
         if not isinstance(reader_id, str) or not reader_id:
             raise InvalidUsage(f"critical reader id must be a non-empty string, got {reader_id!r}")
         if isinstance(opaque, bool) or not isinstance(opaque, int):
             raise InvalidUsage(f"opaque must be an int, got {opaque!r}")
+        if schema is not None:
+            _check_schema(schema)
+        text = schema.to_text() if schema is not None else None
         m = self.machine(shard_id)
 
         def transition(s: ShardState) -> tuple[CriticalReaderState, bool]:
+            changed = schema is not None and s.register_schema(text, schema.describe())
             cur = s.critical.get(reader_id)
             if cur is not None:
-                return cur, False
+                return cur, changed
             s.critical[reader_id] = CriticalReaderState(s.since, opaque)
             return s.critical[reader_id], True
 
         cur = m.apply(transition)
         return SinceHandle(m, reader_id, cur.since, cur.opaque)
+
+    def tombstone(self, shard_id: ShardId | str) -> bool:
+        """Retire a shard for good: since and upper past every time, every hold and batch dropped.
+
+        Its parts become garbage, deleted after ``part_grace_s`` by the next
+        ``collect_garbage`` (so reads planned before this can finish); reads
+        raise ``ReadBelowSince`` and appends ``UpperMismatch`` afterwards.
+        For data nobody may read any more (the txns database calls it for a
+        dropped table once the drop is older than the table's retention).
+        Idempotent; returns whether this call retired it.
+        """
+        m = self.machine(shard_id)
+        now = self.config.clock_ms()
+
+        def transition(s: ShardState) -> tuple[bool, bool]:
+            changed = s.tombstone(now)
+            return changed, changed
+
+        return m.apply(transition)
 
     def inspect(self, shard_id: ShardId | str) -> dict:
         """A summary of a shard's state, for tools (read fresh from storage)."""

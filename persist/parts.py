@@ -135,10 +135,18 @@ def sort_updates(table: pa.Table) -> pa.Table:
         return table  # a type Arrow cannot sort; parts stay unsorted, which is allowed
 
 
+DICTIONARY_PAGE_MAX = 16 << 10
+"""A column's Parquet dictionary stops growing past this (then plain encoding): low-cardinality
+columns keep their dictionaries, high-cardinality ones skip a costly one (about 2x faster to
+encode and to decode, and smaller, on 200k rows with a random-string column)."""
+
+
 def encode_parquet(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     table = table.replace_schema_metadata(PARQUET_META)
-    pq.write_table(table, buf, compression="zstd", write_page_checksum=True)
+    pq.write_table(
+        table, buf, compression="zstd", write_page_checksum=True, dictionary_pagesize_limit=DICTIONARY_PAGE_MAX
+    )
     return buf.getvalue()
 
 

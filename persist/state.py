@@ -28,6 +28,10 @@ from dataclasses import dataclass, field, replace
 from persist.codec import KIND_STATE, frame, unframe
 from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
 from persist.parts import Run, runs_rows, runs_size
+from persist.schema import CLOSED
+
+TOMBSTONE = CLOSED
+"""A tombstoned shard's since and upper (``persist.CLOSED``): past every time."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,26 @@ class ShardState:
         self.upper = new_upper
         self.writers[writer_id] = WriterState(now_ms, lease_ms, token)
         return True
+
+    def tombstone(self, now_ms: int) -> bool:
+        """Retire the whole shard: ``since`` and ``upper`` past every time, no holds, no batches.
+
+        Every part becomes garbage (deleted after the grace period, like a
+        compaction's inputs). Nothing can be read or appended afterwards.
+        False if the shard is a tombstone already.
+        """
+        if self.is_tombstone:
+            return False
+        keys = self.part_keys()
+        self.garbage.extend((k, now_ms) for k in sorted(keys))
+        self.batches = []
+        self.leased, self.critical, self.writers = {}, {}, {}
+        self.since = self.upper = TOMBSTONE
+        return True
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.since == TOMBSTONE and self.upper == TOMBSTONE and not self.batches
 
     def part_keys(self) -> set[str]:
         return {p.key for b in self.batches for r in b.runs for p in r.parts}

@@ -121,6 +121,12 @@ class TxnsHandle:
         self._data_writers: dict[str, WriteHandle] = {}
         self._schemas: dict[str, Schema] = {}
         self._commits = 0
+        #: Whether commits and registrations run the txns shard's maintenance
+        #: (compaction, GC, and every 16 commits ``compact_to``) before they
+        #: return. A caller that runs :meth:`maintain` elsewhere (the database's
+        #: background worker) turns it off: the commit path is then its one
+        #: conditional write.
+        self.maintain_on_commit = True
         #: the system data shard holding a commit record per transaction (see txns.commits)
         self.commits_id = commits_shard_id(txns_id)
         self._commits_schema_registered = False
@@ -136,8 +142,7 @@ class TxnsHandle:
         """
         check_ts(init_ts, "init_ts")
         txns_id = str(txns_id) if isinstance(txns_id, ShardId) else str(ShardId.parse(str(txns_id)))
-        client.register_schema(txns_id, TXNS_SCHEMA)
-        client.open_critical_since(txns_id, CRITICAL_READER, 0)
+        client.open_critical_since(txns_id, CRITICAL_READER, 0, schema=TXNS_SCHEMA)  # one write when new
         if init_ts > 0:
             w = client.open_writer(txns_id, TXNS_SCHEMA)
             if w.fetch_recent_upper() == 0:
@@ -357,8 +362,16 @@ class TxnsHandle:
         uncertain: bool = False,
         tables: Mapping[str, int] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        register: tuple[str, ...] = (),
+        expect_upper: int | None = None,
     ) -> int:
         """Commit ``adds`` (and retract ``tidy``) at ``ts``; return the commit time. Used by ``Txn.commit_at``.
+
+        ``register``: fresh data shards (schemas recorded) registered at
+        ``ts`` in the same conditional write, unless registered already.
+        ``expect_upper``: commit only if the txns upper is exactly this
+        (TimestampUnavailable otherwise), so whatever the caller checked as
+        of ``expect_upper - 1`` still holds at ``ts``: nothing commits between.
 
         With ``txn_id`` (and data in ``adds``) a commit record goes in the
         same conditional write. With ``uncertain`` (an earlier attempt may
@@ -381,6 +394,14 @@ class TxnsHandle:
                     return earlier
                 if self.cache.frontier != upper:
                     continue  # the look-up caught up with newer commits: look again there
+            if expect_upper is not None and upper != expect_upper and not (ts < upper and self._last_append_was(token)):
+                if upper < expect_upper or not fresh:
+                    self.cache.sync()  # (a cached view behind the caller's, or a stale one: judge on a fresh one)
+                    fresh = True
+                    if self.cache.frontier != upper:
+                        continue
+                if upper != expect_upper:
+                    raise TimestampUnavailable("commit", max(ts, expect_upper), upper)
             if ts < upper:
                 if not fresh:
                     self.cache.sync()
@@ -396,7 +417,15 @@ class TxnsHandle:
                     tidy.entries.clear()
                     return ts
                 raise TimestampUnavailable("commit", ts, upper)
+            if not self._registrable(register, ts):
+                self.cache.sync()
+                fresh = True
+                if self.cache.frontier != upper:
+                    continue
+                self._check_registrable(register, ts)
             for d in data_ids:
+                if d in register:
+                    continue
                 if not self.cache.registered_at(d, ts):
                     self.cache.sync()
                     # (if the upper moved, check the time again first: a stale view
@@ -409,6 +438,9 @@ class TxnsHandle:
                     break
             else:
                 updates = [e.update(ts, 1) for e in adds]
+                updates += [
+                    Entry(ts, d, b"").update(ts, 1) for d in register if not self.cache.registered_at(d, ts)
+                ]
                 if record and txn_id is not None:
                     updates += self._record_updates(txn_id, ts, tables or {}, metadata or {})
                 # SUBTLE: retract only entries present as of `upper`; the CaA below
@@ -417,10 +449,26 @@ class TxnsHandle:
                 if self._append(updates, upper, ts, token):
                     tidy.entries.clear()
                     self._commits += 1
-                    if self._commits % 16 == 0:
+                    if self.maintain_on_commit and self._commits % 16 == 0:
                         self._maybe_compact()
                     return ts
                 fresh = True  # the lost compare-and-append read the state afresh
+
+    def _registrable(self, register: tuple[str, ...], ts: int) -> bool:
+        """Whether every shard of ``register`` may be registered at ``ts`` (per the cached views)."""
+        return all(self.cache.registered_at(d, ts) or self.data_writer(d).upper <= ts + 1 for d in register)
+
+    def _check_registrable(self, register: tuple[str, ...], ts: int) -> None:
+        """InvalidUsage naming a shard of ``register`` written outside the txns shard past ``ts + 1``."""
+        for d in register:
+            if self.cache.registered_at(d, ts):
+                continue
+            du = self.data_writer(d).fetch_recent_upper()
+            if du > ts + 1:
+                raise InvalidUsage(
+                    f"data shard {d} has upper {du}, past commit_ts + 1 = {ts + 1}: it was written outside "
+                    f"the txns shard; register it at a time >= {du - 1}. Nothing was committed"
+                )
 
     def _record_updates(self, txn_id: str, ts: int, tables: Mapping[str, int], metadata: Mapping[str, Any]) -> list:
         """The txns-shard updates adding ``txn_id``'s commit record at ``ts`` (registering the commits shard if new)."""
@@ -506,8 +554,18 @@ class TxnsHandle:
             self.cache.update_ge(e.current, wait_s=0)
             return False
         self.cache.sync_cached()
-        self.writer.maintain()
+        if self.maintain_on_commit:
+            self.writer.maintain()
         return True
+
+    def maintain(self) -> None:
+        """The txns shard's maintenance: compaction and GC the policy asks for, then ``compact_to`` the upper.
+
+        Best effort (failures are logged and left for later). Commits run it
+        themselves unless ``maintain_on_commit`` is off.
+        """
+        self.writer.maintain()
+        self._maybe_compact()
 
     def tidy_at(self, ts: int, tidy: Tidy) -> None:
         """Commit just the retractions of ``tidy`` at ``ts`` (also advancing every upper)."""

@@ -97,6 +97,7 @@ class Txn:
         self._builders: dict[str, BatchBuilder] = {}
         self._batches: dict[str, list[Batch]] = {}
         self._tidy = Tidy()
+        self._register: set[str] = set()  # fresh data shards this commit registers
         # Whether an earlier commit attempt (here or elsewhere) may have landed.
         # A caller-chosen id may have been committed by anyone already.
         self._uncertain = txn_id is not None
@@ -163,6 +164,21 @@ class Txn:
         data_id = str(data_id)
         batch = write_batch(df, self._handle.client.url, data_id, self._handle.data_schema(data_id))
         self.write_batch(data_id, batch)
+
+    def register(self, data_id: str) -> None:
+        """Register the fresh data shard ``data_id`` at the commit time, in the commit's own write.
+
+        Its schema must be recorded already (``PersistClient.register_schema``)
+        and nothing may have written it outside the txns shard (its upper is
+        at most the commit time + 1). Until this transaction commits, the
+        shard is not registered; if it never commits, nothing needs undoing.
+        Already registered at the commit time: a no-op.
+        """
+        if self._handle is None:
+            raise InvalidUsage("this transaction is not bound to a handle; create it with TxnsHandle.begin()")
+        data_id = str(data_id)
+        self._handle.data_schema(data_id)  # NotRegistered if it has no schema yet
+        self._register.add(data_id)
 
     def tidy(self, tidy: Tidy) -> None:
         """Retract these applied entries as part of this transaction's commit."""
@@ -247,7 +263,7 @@ class Txn:
 
     # ---- committing ----------------------------------------------------------------
 
-    def commit_at(self, handle: TxnsHandle, commit_ts: int) -> TxnApply:
+    def commit_at(self, handle: TxnsHandle, commit_ts: int, expect_upper: int | None = None) -> TxnApply:
         """Commit atomically at ``commit_ts``; return a :class:`TxnApply` to apply it.
 
         Raises TimestampUnavailable (with ``.upper``) if the txns shard is
@@ -257,8 +273,16 @@ class Txn:
         it did not commit. ``Indeterminate``: it may have; commit it again
         (at any time): an earlier commit is found and returned, never repeated.
         A transaction that committed returns the same result from every call.
+
+        ``expect_upper``: commit only if the txns upper is exactly this, else
+        TimestampUnavailable (for a caller that validated something as of
+        ``expect_upper - 1``: nothing can commit in between).
         """
         check_ts(commit_ts, "commit_ts")
+        if expect_upper is not None:
+            check_ts(expect_upper, "expect_upper")
+            if commit_ts < expect_upper:
+                raise InvalidUsage(f"commit_ts {commit_ts} is below expect_upper {expect_upper}")
         if self._committed is not None:
             return self._committed
         self._bind(handle)
@@ -286,6 +310,8 @@ class Txn:
                     uncertain=self._uncertain,
                     tables=tables,
                     metadata=self.metadata,
+                    register=tuple(sorted(self._register)),
+                    expect_upper=expect_upper,
                 )
             except BaseException:
                 if op.may_have_written:
