@@ -17,6 +17,7 @@ import pytest
 import txns
 from persist import PersistConfig, ReadBelowSince
 from txns.db import clock
+from txns.db.database import DROPPED_REPORT
 
 RETENTION = dt.timedelta(hours=1)
 
@@ -143,3 +144,54 @@ def test_commits_move_the_holds_without_an_explicit_compact(tmp_path: Path) -> N
     assert s["since"] > 0
     assert s["rows"] <= 30  # the live rows plus the last commit's change
     assert snapshot_of(db, "t", db.latest()) == [(k, 50) for k in range(10)]
+
+
+def test_a_dropped_table_is_released_once_its_history_is_gone(tmp_path: Path) -> None:
+    fake = FakeClock()
+    db = txns.connect(
+        f"file://{tmp_path}/db",
+        retention=RETENTION,
+        config=PersistConfig(part_grace_s=60, clock_ms=fake, inline_max_bytes=0),  # (data in parts)
+    )
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    db.create_table("t", schema)
+    db.create_table("keep", schema)
+    with db.transaction() as t:
+        t.insert("t", version(1))
+        t.insert("keep", version(2))
+    d = db.entry("t", db.latest()).data_id
+    before_drop = db.latest()
+    dropped = db.table("t")  # (a handle taken before the drop reads as of earlier times)
+    db.drop_table("t")
+    db._settle()
+    assert list(db.client.blob.list_keys(f"{d}/parts/"))
+
+    # within the retention: still readable as of before the drop, nothing released
+    report = db.compact()[DROPPED_REPORT]
+    assert report == {"tombstoned": 0, "forgotten": 0}
+    assert sorted(map(tuple, (r.values() for r in dropped.to_arrow(as_of=before_drop).to_pylist()))) == sorted(
+        (k, 1) for k in range(10)
+    )
+    assert d in db.handle.cache.registered_now()
+
+    # past the retention: the drop is below every readable catalog; the shard is retired
+    fake.offset_ms += 2 * 3_600_000
+    with db.transaction() as t:  # (time moves on: a commit after the clock jump)
+        t.insert("keep", version(3))
+    report = db.compact()[DROPPED_REPORT]  # (moves the catalog's hold past the drop first)
+    assert report["tombstoned"] == 1 and report["forgotten"] == 0  # parts wait for their grace period
+    with pytest.raises(ReadBelowSince):
+        dropped.to_arrow(as_of=before_drop)
+    state = db.client.machine(d).fetch()
+    assert state.is_tombstone and state.garbage
+
+    fake.offset_ms += 120_000  # past the part grace period
+    report = db.compact()[DROPPED_REPORT]
+    assert report == {"tombstoned": 0, "forgotten": 1}
+    db.handle.cache.sync()
+    assert d not in db.handle.cache.registered_now()
+    assert not list(db.client.blob.list_keys(f"{d}/parts/"))
+    assert db.client.machine(d).fetch().garbage == []
+    # the live table is untouched
+    assert len(db.table("keep").to_arrow()) == 20
+    db.close()

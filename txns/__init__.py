@@ -30,9 +30,11 @@ from txns.txn import Tidy, Txn, TxnApply
 
 # The database layer (names, Arrow, history, retention) on top of the above.
 from txns.db import (  # noqa: E402 - after the core it builds on
+    Abort,
     CommitInfo,
     Database,
     DatabaseNotFound,
+    DuplicateKey,
     InvalidTableName,
     RowNotFound,
     Table,
@@ -40,14 +42,17 @@ from txns.db import (  # noqa: E402 - after the core it builds on
     TableNotFound,
     Transaction,
     TransactionClosed,
+    TransactionConflict,
     connect,
 )
 from persist import ReadBelowSince, ReadTimeout, SchemaMismatch  # noqa: E402 - errors db users meet
 
 __all__ = [
+    "Abort",
     "CommitInfo",
     "Database",
     "DatabaseNotFound",
+    "DuplicateKey",
     "InvalidTableName",
     "ReadBelowSince",
     "ReadTimeout",
@@ -58,6 +63,7 @@ __all__ = [
     "TableNotFound",
     "Transaction",
     "TransactionClosed",
+    "TransactionConflict",
     "connect",
     "DataSnapshot",
     "DataSubscribe",

@@ -21,7 +21,10 @@
 Modules, one job each: ``root`` (the root record), ``clock`` (hybrid
 timestamps), ``catalog`` (names -> data shards), ``arrow_io`` (inputs and
 outputs), ``scan`` (reading plans as Arrow), ``transaction``, ``table``,
-``retention``, ``applier`` (applying commits in the background), ``pool``
+``retention``, ``applier`` (applying commits in the background), ``oracle``
+(read and write timestamps per isolation level), ``validation`` (did what a
+transaction read change?), ``keyed`` (primary keys), ``read_txn``
+(read-only transactions), ``pool``
 (the threads for parallel storage calls), ``database``, ``commands`` (the
 CLI's database commands). Spark is never imported here.
 """
@@ -29,20 +32,25 @@ CLI's database commands). Spark is never imported here.
 from txns.db.catalog import TableEntry
 from txns.db.database import HISTORY_SCHEMA, Database, connect
 from txns.db.errors import (
+    Abort,
     DatabaseNotFound,
+    DuplicateKey,
     InvalidTableName,
     RowNotFound,
     TableExists,
     TableNotFound,
     TransactionClosed,
+    TransactionConflict,
 )
 from txns.db.table import Table
 from txns.db.transaction import CommitInfo, Transaction
 
 __all__ = [
+    "Abort",
     "CommitInfo",
     "Database",
     "DatabaseNotFound",
+    "DuplicateKey",
     "HISTORY_SCHEMA",
     "InvalidTableName",
     "RowNotFound",
@@ -52,5 +60,6 @@ __all__ = [
     "TableNotFound",
     "Transaction",
     "TransactionClosed",
+    "TransactionConflict",
     "connect",
 ]

@@ -2,20 +2,28 @@
 
 A database commit is durable, and acknowledged, at its one conditional write
 on the txns shard. Applying it (one conditional write per touched data shard,
-plus the maintenance those writes ask for, plus moving retention holds) is
-left to an :class:`Applier`: the committing call only hands it the commit
-time and returns.
+plus the maintenance those writes ask for, plus the txns shard's own
+compaction and GC, plus moving retention holds) is left to an
+:class:`Applier`: the committing call only hands it the commit time and
+returns.
 
 Invariants:
 
+- The txns shard's maintenance runs only while the worker holds the
+  ``maintenance_lock`` (taken without waiting; skipped when busy, and after
+  ``MAINTENANCE_SKIPS`` skips waited for at most ``MAINTENANCE_WAIT_S``), so
+  in-process commits that hold it do not race it and it is never starved.
 - The worker uses its **own** ``TxnsHandle`` (opened on first use, holding
   nothing on the txns shard: ``hold=False``); a handle serves one thread at
-  a time, so it never touches the database's handle, and it never takes the
-  database's lock (so nothing that waits for it under that lock can
+  a time, so it never touches the database's handle, and it never waits for
+  the database's lock (so nothing that waits for it under that lock can
   deadlock).
 - At most one apply runs and at most one is queued: submissions coalesce
   into the latest commit time, and ``apply_le(latest)`` applies every commit
   at or before it. Memory and threads are bounded whatever the commit rate.
+  A queued apply starts ``APPLY_DELAY_S`` after it was first asked for (or
+  once ``APPLY_BATCH`` commits are queued, or at once when someone waits for
+  it), so a burst of commits costs one apply, which never competes with them.
 - The entries an apply returns are tidied by the database's next commit
   (``take_tidy``; ``Entry`` values are valid on any handle, and the core
   retracts only entries still present, so entries tidied meanwhile by
@@ -36,9 +44,10 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from persist import PersistClient
 from txns.handle import TxnsHandle
@@ -46,10 +55,23 @@ from txns.txn import Tidy
 
 log = logging.getLogger(__name__)
 
+APPLY_DELAY_S = 0.1
+"""A commit's apply waits up to this long for more commits to coalesce with (none waits on it: reads use the log)."""
+APPLY_BATCH = 32
+"""... or until this many commits are queued."""
 IDLE_EXIT_S = 2.0
 """An idle worker thread ends after this long (the next submission starts a new one)."""
+MAINTENANCE_SKIPS = 4
+"""After this many applies in a row skipped the txns shard's maintenance (commits in flight), the next waits for one to end."""
+MAINTENANCE_WAIT_S = 1.0
+"""How long that wait may take (bounded: the worker never blocks on the committing side for long)."""
 EXIT_WAIT_S = 10.0
 """At interpreter exit, how long to wait for each open applier's submitted work."""
+
+class _Lock(Protocol):
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+
 
 AfterApply = Callable[[TxnsHandle, int, dict[str, Any]], None]
 
@@ -59,13 +81,27 @@ _open: weakref.WeakSet[Applier] = weakref.WeakSet()
 class Applier:
     """Applies a database's commits in the background (see the module doc)."""
 
-    def __init__(self, client: PersistClient, txns_id: str, after_apply: AfterApply | None = None) -> None:
+    def __init__(
+        self,
+        client: PersistClient,
+        txns_id: str,
+        after_apply: AfterApply | None = None,
+        maintenance_lock: _Lock | None = None,
+    ) -> None:
         self._client = client
+        # Taken without waiting around the txns shard's maintenance: held by a
+        # commit in flight, the maintenance waits for a later apply instead of
+        # racing that commit's conditional write (never blocks the worker).
+        self._maintenance_lock = maintenance_lock
+        self._skipped = 0
         self._txns_id = txns_id
         self._after_apply = after_apply
         self._cv = threading.Condition()
         self._queued: int | None = None  # apply up to this commit time next (submissions coalesce)
         self._queued_ids: dict[str, Any] = {}
+        self._queued_since = 0.0  # (monotonic) when the queued apply was first asked for
+        self._queued_count = 0  # commits coalesced into it
+        self._flush = 0  # callers waiting for the applies: run the queued one without delay
         self._submitted = -1  # the latest commit time submitted
         self._done = -1  # every commit time submitted up to this one has had its apply run
         self._tidy = Tidy()
@@ -88,7 +124,11 @@ class Applier:
         with self._cv:
             if self._closed:
                 return False
+            if self._queued is None:
+                self._queued_since = time.monotonic()
+                self._queued_count = 0
             self._queued = ts if self._queued is None else max(self._queued, ts)
+            self._queued_count += 1
             self._queued_ids.update(written or {})
             self._submitted = max(self._submitted, ts)
             if self._thread is None:
@@ -111,7 +151,12 @@ class Applier:
     def wait(self, ts: int | None = None, timeout: float | None = None) -> bool:
         """Wait until the applies submitted at or below ``ts`` (None: all) have run; whether they have."""
         with self._cv:
-            return self._cv.wait_for(lambda: self._done >= self._target(ts), timeout)
+            self._flush += 1
+            self._cv.notify_all()
+            try:
+                return self._cv.wait_for(lambda: self._done >= self._target(ts), timeout)
+            finally:
+                self._flush -= 1
 
     def _target(self, ts: int | None) -> int:
         return self._submitted if ts is None else min(ts, self._submitted)
@@ -150,6 +195,13 @@ class Applier:
                     if self._thread is me:
                         self._thread = None
                     return
+                # Coalesce: let back-to-back commits land first (one apply then covers them all,
+                # and they do not share the machine with it), unless someone waits for it.
+                due = self._queued_since + APPLY_DELAY_S
+                self._cv.wait_for(
+                    lambda: self._closed or self._flush > 0 or self._queued_count >= APPLY_BATCH,
+                    max(0.0, due - time.monotonic()),
+                )
                 ts, ids = self._queued, self._queued_ids
                 self._queued, self._queued_ids = None, {}
             try:
@@ -171,6 +223,21 @@ class Applier:
         self.applies += 1
         with self._cv:
             self._tidy.merge(tidy)
+        # the txns shard's own compaction and GC, kept off the committing path (best effort)
+        lock = self._maintenance_lock
+        if lock is None:
+            self._handle.maintain()
+            return
+        # after a few skips, wait (boundedly) for a gap between commits: never starved
+        got = lock.acquire(timeout=MAINTENANCE_WAIT_S) if self._skipped >= MAINTENANCE_SKIPS else lock.acquire(False)
+        if not got:
+            self._skipped += 1
+            return
+        try:
+            self._skipped = 0
+            self._handle.maintain()
+        finally:
+            lock.release()
         if self._after_apply is not None:
             try:
                 self._after_apply(self._handle, ts, ids)
@@ -187,4 +254,4 @@ def _drain_at_exit() -> None:
             log.debug("draining the background apply at exit: %s", e)
 
 
-__all__ = ["EXIT_WAIT_S", "IDLE_EXIT_S", "Applier"]
+__all__ = ["APPLY_BATCH", "APPLY_DELAY_S", "EXIT_WAIT_S", "IDLE_EXIT_S", "MAINTENANCE_SKIPS", "MAINTENANCE_WAIT_S", "Applier"]

@@ -206,6 +206,11 @@ def conformed(data: object, schema: pa.Schema, table_name: str) -> Iterator[pa.T
         yield conform(piece, schema, table_name)
 
 
+def arrow_pieces(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Table]:
+    """``data`` (any supported input) as Arrow pieces, unconformed (columns and types as given)."""
+    yield from _batches(data, table_name)
+
+
 def check_input(data: object, table_name: str) -> None:
     """InvalidUsage now (before any write) if ``data`` is no supported input kind."""
     if data is None:
@@ -226,4 +231,4 @@ def to_polars(table: pa.Table) -> Any:
     return pl.from_arrow(table)
 
 
-__all__ = ["check_input", "conform", "conformed", "to_pandas", "to_polars"]
+__all__ = ["arrow_pieces", "check_input", "conform", "conformed", "to_pandas", "to_polars"]

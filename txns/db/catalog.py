@@ -13,6 +13,12 @@ Every column is in the key (the val is empty), so each row is one table::
     name: string, data_id: string, schema: string (base64 Arrow IPC),
     created_ms: int64, retention_ms: int64 (null: the database's default)
 
+A keyed table's primary key rides in the stored schema's metadata (key
+``txns.primary_key``, a JSON list of column names); ``TableEntry.schema`` is
+the user's schema without it, ``TableEntry.primary_key`` the key. Tables of
+older databases (no such metadata) are unkeyed, so the catalog's own shard
+schema is unchanged.
+
 Invariants:
 
 - At any time at most one row per name has a positive count (DDL commits
@@ -21,19 +27,24 @@ Invariants:
 - A table's data shard never changes: rename keeps it; a new table (even
   with a dropped table's name) gets a fresh shard.
 - A user table's columns are the data shard's key; its val is empty. Rows
-  are a multiset: the shard's ``diff`` is each row's multiplicity.
+  are a multiset: the shard's ``diff`` is each row's multiplicity. A keyed
+  table's shard key starts with its primary key columns (so parts, sorted
+  by the shard key, are sorted by primary key); the user's column order is
+  the catalog schema's.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from persist import InvalidUsage, Schema
-from txns.db.errors import InvalidTableName
+from txns.db.errors import InvalidPrimaryKey, InvalidTableName
 
 CATALOG_SCHEMA = Schema(
     key=pa.schema(
@@ -47,6 +58,9 @@ CATALOG_SCHEMA = Schema(
     ),
     val=pa.schema([]),
 )
+
+PRIMARY_KEY_META = b"txns.primary_key"
+"""The stored schema's metadata key holding a keyed table's primary key (a JSON list of column names)."""
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_COLUMNS = ("ts", "diff")
@@ -111,6 +125,40 @@ def check_schema(schema: object) -> pa.Schema:
     return pa.schema(list(schema))  # drop schema metadata: it is not part of the table's identity
 
 
+def check_primary_key(schema: pa.Schema, primary_key: object) -> tuple[str, ...] | None:
+    """``primary_key`` (None, or a list of ``schema``'s column names) as a tuple, else InvalidPrimaryKey.
+
+    The names must be distinct existing columns, at least one, none of a
+    floating-point type (float equality is not exact: NaN, -0.0).
+    """
+    if primary_key is None:
+        return None
+    example = f"e.g. primary_key=[{schema.names[0]!r}]"
+    if isinstance(primary_key, (str, bytes)) or not isinstance(primary_key, Sequence):
+        raise InvalidPrimaryKey(
+            f"primary_key must be a list of column names, {example}; got {type(primary_key).__name__} {primary_key!r}"
+        )
+    names = list(primary_key)
+    if not names:
+        raise InvalidPrimaryKey(f"primary_key must name at least one column, {example} (or be None for no key)")
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise InvalidPrimaryKey(f"primary_key must be a list of column names (str), got {bad[0]!r} in {names!r}")
+    unknown = [n for n in names if n not in schema.names]
+    if unknown:
+        raise InvalidPrimaryKey(f"primary_key names unknown column(s) {unknown}; the table has {list(schema.names)}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InvalidPrimaryKey(f"primary_key repeats column(s) {dup}: {names}")
+    floats = [n for n in names if pa.types.is_floating(schema.field(n).type)]
+    if floats:
+        raise InvalidPrimaryKey(
+            f"primary key column(s) {floats} are floating-point; float equality is not exact (NaN, -0.0): "
+            f"key on an integer, string, decimal, date or timestamp column instead"
+        )
+    return tuple(names)
+
+
 def schema_to_text(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
@@ -119,28 +167,43 @@ def schema_from_text(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def data_schema(schema: pa.Schema) -> Schema:
-    """The data shard schema of a table: every column in the key, an empty val."""
+def data_schema(schema: pa.Schema, primary_key: Sequence[str] | None = None) -> Schema:
+    """The data shard schema of a table: every column in the key (the primary key's first), an empty val."""
+    if primary_key:
+        first = [schema.field(n) for n in primary_key]
+        schema = pa.schema([*first, *(f for f in schema if f.name not in primary_key)])
     return Schema(key=schema, val=pa.schema([]))
 
 
 @dataclass(frozen=True)
 class TableEntry:
-    """One table in the catalog."""
+    """One table in the catalog. ``schema`` is the user's (no metadata); ``primary_key`` None: unkeyed."""
 
     name: str
     data_id: str
     schema: pa.Schema
     created_ms: int
     retention_ms: int | None = None
+    primary_key: tuple[str, ...] | None = None
+
+    def stored_schema(self) -> pa.Schema:
+        """The schema as the catalog stores it: the primary key (if any) in its metadata."""
+        if self.primary_key is None:
+            return self.schema
+        return self.schema.with_metadata({PRIMARY_KEY_META: json.dumps(list(self.primary_key)).encode()})
 
     def key(self) -> tuple:
-        return (self.name, self.data_id, schema_to_text(self.schema), self.created_ms, self.retention_ms)
+        return (self.name, self.data_id, schema_to_text(self.stored_schema()), self.created_ms, self.retention_ms)
 
     @staticmethod
     def from_key(key: tuple) -> TableEntry:
         name, data_id, text, created_ms, retention_ms = key
-        return TableEntry(name, data_id, schema_from_text(text), created_ms, retention_ms)
+        schema = schema_from_text(text)
+        meta = schema.metadata or {}
+        pk = tuple(json.loads(meta[PRIMARY_KEY_META])) if PRIMARY_KEY_META in meta else None
+        if meta:
+            schema = schema.remove_metadata()
+        return TableEntry(name, data_id, schema, created_ms, retention_ms, pk)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TableEntry) and self.key() == other.key()
@@ -172,9 +235,11 @@ class CatalogView:
 
 __all__ = [
     "CATALOG_SCHEMA",
+    "PRIMARY_KEY_META",
     "CatalogView",
     "TableEntry",
     "check_name",
+    "check_primary_key",
     "check_schema",
     "data_schema",
     "schema_from_text",

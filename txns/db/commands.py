@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from persist import PersistClient
 from persist.url import redact
 from txns.db import clock
-from txns.db.database import Database, connect
+from txns.db.database import DROPPED_REPORT, Database, connect
 from txns.db.errors import DatabaseNotFound
 from txns.db.root import read_root
 
@@ -129,6 +129,7 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
                 {
                     "name": name,
                     "columns": {f.name: str(f.type) for f in e.schema},
+                    "primary_key": list(e.primary_key) if e.primary_key is not None else None,
                     "rows": count,
                     "retention_s": (e.retention_ms if e.retention_ms is not None else db.root.retention_ms) / 1000,
                     "data_id": e.data_id,
@@ -238,6 +239,7 @@ def compact_db(url: str, out: TextIO, as_json: bool) -> dict:
                 break
     finally:
         db.close()
+    dropped = report.pop(DROPPED_REPORT, {"tombstoned": 0, "forgotten": 0})
     j = {
         name: {
             "batches": [r["before"]["batches"], r["after"]["batches"]],
@@ -249,12 +251,17 @@ def compact_db(url: str, out: TextIO, as_json: bool) -> dict:
         for name, r in report.items()
     }
     if as_json:
-        _dump(out, {"url": db.url, "tables": j})
+        _dump(out, {"url": db.url, "tables": j, "dropped_tables": dropped})
     else:
         for name, r in j.items():
             out.write(
                 f"table {name}: {r['batches'][0]} -> {r['batches'][1]} batches, {r['rows'][0]} -> {r['rows'][1]} "
                 f"stored rows, {r['parts'][0]} -> {r['parts'][1]} parts; history kept from {r['history_from']}\n"
+            )
+        if dropped["tombstoned"] or dropped["forgotten"]:
+            out.write(
+                f"dropped tables past their history: {dropped['tombstoned']} retired (data deleted after the "
+                f"grace period), {dropped['forgotten']} released\n"
             )
     return j
 

@@ -24,13 +24,13 @@ registered. Everything a user does goes through the txns protocol:
 
 Invariants:
 
-- A commit that contains DDL commits at exactly the txns upper it validated
-  the catalog against (first moving the upper to the wall clock with an
-  empty commit if it lags by more than ``DDL_STALE_MS``), so no concurrent
-  DDL can slip in between the check and the write: at most one live table
-  per name, ever. The catalog it validated, with its DDL replayed, is the
-  catalog at its commit time: it is cached as such, so the next reads of
-  the catalog cost nothing.
+- A commit that contains DDL validates it against the catalog just below
+  the txns upper ``u`` it read, and commits (at ``max(u, now)``) only if
+  the upper is still exactly ``u`` (``commit_at(expect_upper=u)``), so no
+  concurrent DDL can slip in between the check and the write: at most one
+  live table per name, ever. The catalog it validated, with its DDL
+  replayed, is the catalog at its commit time: it is cached as such, so
+  the next reads of the catalog cost nothing.
 - Creating a table registers its (fresh) data shard in the txns shard before
   the commit; until the commit adds the catalog row, the shard is invisible.
   An abandoned transaction forgets the shards it registered (best effort:
@@ -48,17 +48,17 @@ Invariants:
 
 A ``Database`` is safe to share between threads (one lock serializes its
 use of the txns handle; part reads run outside it; the background worker
-never takes that lock).
+never waits for that lock).
 """
 
 from __future__ import annotations
 
-import bisect
+import dataclasses
 import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,26 +82,33 @@ from txns.commits import COMMITS_SCHEMA, commits_shard_id
 from txns.db import clock
 from txns.db.applier import Applier
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
-from txns.db.errors import DatabaseNotFound, TableNotFound
+from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
+from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
 from txns.db.retention import RetentionHolds, compact_all
 from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
-from txns.db.scan import PlanReader, read_table
+from txns.db.scan import PlanReader, read_changes, read_table
+from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.handle import TxnsHandle
 from txns.txn import Txn, TxnApply
 
 if TYPE_CHECKING:
+    from txns.db.read_txn import ReadTransaction
     from txns.db.table import Table
-    from txns.db.transaction import Transaction
+    from txns.db.transaction import CommitInfo, Transaction
 
 log = logging.getLogger(__name__)
 
 AsOf = int | dt.datetime | None
 RETENTION_EVERY_MS = 60_000
 """How often (at most) a database moves a written table's retention hold along."""
-DDL_STALE_MS = 1000
-"""A DDL commit goes at exactly the txns upper; if that lags the clock by more, the upper is moved first."""
+DROPPED_REPORT = "(dropped tables)"
+"""The key of ``compact()``'s report on dropped tables retired ({"tombstoned": n, "forgotten": n})."""
+RUN_MAX_ATTEMPTS = 16
+"""How many times ``db.run`` runs a transaction that keeps conflicting before it gives up."""
+RUN_BACKOFF_CAP_S = 0.2
+"""The longest pause ``db.run`` takes between two attempts (jittered, growing from about 1 ms)."""
 UNCERTAIN_RETRIES = 3
 """A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
 AUTO_COMPACT_BYTES = 8 << 20
@@ -127,12 +134,6 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         log.debug("%s%r deferred: %s", getattr(fn, "__name__", fn), args, e)
 
 
-def _writes_in(cache: Any, data_id: str, lo: int, hi: int) -> set[int]:
-    """The commit times of the writes to ``data_id`` in ``[lo, hi]`` the txns cache knows (those at or above its since)."""
-    times = cache.writes.get(data_id, [])
-    return set(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
-
-
 def _missing_file_dir(url: str) -> str | None:
     """For a ``file://`` URL whose directory does not exist, that directory (opening would create it)."""
     scheme, sep, rest = url.partition("://")
@@ -152,6 +153,7 @@ def connect(
     create: bool = True,
     retention: dt.timedelta | None = None,
     config: PersistConfig | None = None,
+    isolation: str = "strict_serializable",
 ) -> Database:
     """Open the database at ``url``, creating it if absent (unless ``create=False``).
 
@@ -159,6 +161,8 @@ def connect(
     or ``mem://name``. ``retention`` sets the history retention of a database
     created by this call (default 7 days); change it later with
     :meth:`Database.set_retention`. ``config`` tunes persist (tests shrink it).
+    ``isolation``: the default isolation level of this object's transactions,
+    ``"strict_serializable"`` or ``"serializable"`` (see :mod:`txns.db.oracle`).
 
     Raises ``DatabaseNotFound`` with ``create=False`` when there is no
     database at ``url`` (nothing is created then, not even a directory).
@@ -166,6 +170,7 @@ def connect(
     if not isinstance(url, str):
         raise InvalidUsage(f"connect takes a URL string, got {type(url).__name__}")
     retention_ms = None if retention is None else check_retention(retention)
+    isolation = check_isolation(isolation)
     how = (
         f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
     )
@@ -182,7 +187,7 @@ def connect(
             proposal = RootRecord(proposal.txns_id, proposal.catalog_id, proposal.created_ms, retention_ms)
         root = create_root(client, proposal)
         new = True  # (by us or by a racing creator: either way its shards are new)
-    return Database(client, root, url, new=new)
+    return Database(client, root, url, new=new, isolation=isolation)
 
 
 class Database:
@@ -199,14 +204,24 @@ class Database:
     ['accounts']
     """
 
-    def __init__(self, client: PersistClient, root: RootRecord, url: str, new: bool = False) -> None:
+    def __init__(
+        self, client: PersistClient, root: RootRecord, url: str, new: bool = False, isolation: str = ISOLATION_LEVELS[0]
+    ) -> None:
         self.client = client
         self.root = root
+        #: the default isolation level of this object's transactions (see :mod:`txns.db.oracle`)
+        self.isolation = check_isolation(isolation)
+        self._oracles: dict[str, TimestampOracle] = {
+            "strict_serializable": SharedOracle(self),
+            "serializable": LocalOracle(self),
+        }
         self._url = url
         self._lock = threading.RLock()
         schemas = self._write_system_schemas() if new else []
         # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
         self.handle = TxnsHandle.open(client, root.txns_id)
+        # the txns shard's maintenance runs on the background worker, after its applies
+        self.handle.maintain_on_commit = False
         for f in schemas:
             f.result()
         self._catalogs: dict[tuple[str, int], CatalogView] = {}
@@ -215,7 +230,7 @@ class Database:
         self._held_at: dict[str, int] = {}
         self._hold_lock = threading.Lock()  # _holds and _held_at: used by the worker and by compact()
         self._closed = False
-        self._applier = Applier(client, root.txns_id, self._after_apply)
+        self._applier = Applier(client, root.txns_id, self._after_apply, maintenance_lock=self._lock)
         self._ensure_catalog()
 
     def _write_system_schemas(self) -> list[Future[None]]:
@@ -280,6 +295,16 @@ class Database:
 
     def _now_ts(self) -> int:
         return clock.ts_of_ms(self.client.config.clock_ms())
+
+    def cached_latest(self) -> int | None:
+        """The latest timestamp as this process last saw it (no request); None before it saw any."""
+        with self._lock:
+            cache = self.handle.cache
+            return cache.frontier - 1 if cache.frontier > 0 else None
+
+    def oracle(self, isolation: str | None = None) -> TimestampOracle:
+        """The timestamp oracle of ``isolation`` (default: the database's level)."""
+        return self._oracles[check_isolation(isolation or self.isolation)]
 
     def latest(self) -> int:
         """The latest timestamp: every commit so far is at or below it (read fresh, never waits)."""
@@ -462,12 +487,22 @@ class Database:
 
     # ---- DDL shortcuts (each one transaction) -------------------------------------------------
 
-    def create_table(self, name: str, schema: pa.Schema, *, retention: dt.timedelta | None = None) -> Table:
-        """Create table ``name`` with ``schema`` (a flat ``pyarrow.Schema``) in its own transaction."""
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        *,
+        retention: dt.timedelta | None = None,
+        primary_key: Sequence[str] | None = None,
+    ) -> Table:
+        """Create table ``name`` with ``schema`` (a flat ``pyarrow.Schema``) in its own transaction.
+
+        ``primary_key`` (a list of column names) makes it a keyed table (see ``Transaction.create_table``).
+        """
         from txns.db.table import Table
 
         with self.transaction() as t:
-            t.create_table(name, schema, retention=retention)
+            t.create_table(name, schema, retention=retention, primary_key=primary_key)
         return Table(self, name)
 
     def drop_table(self, name: str) -> None:
@@ -487,33 +522,97 @@ class Database:
 
     # ---- transactions -------------------------------------------------------------------------
 
-    def transaction(self, metadata: Mapping[str, Any] | None = None) -> Transaction:
-        """A new transaction; use it as a context manager (commits on a clean exit)."""
+    def transaction(self, metadata: Mapping[str, Any] | None = None, isolation: str | None = None) -> Transaction:
+        """A new transaction; use it as a context manager (commits on a clean exit).
+
+        Its reads happen at one read timestamp chosen by the isolation level's
+        oracle (default: the database's, see :mod:`txns.db.oracle`). If it
+        read anything, it commits only if what it read is unchanged at its
+        commit time; else the commit raises ``TransactionConflict`` (having
+        committed nothing): :meth:`run` retries such a conflict for you.
+        """
         from txns.db.transaction import Transaction
 
         self._check_open()
-        return Transaction(self, metadata)
+        return Transaction(self, metadata, isolation=check_isolation(isolation or self.isolation))
+
+    def run(
+        self,
+        fn: Callable[[Transaction], Any],
+        *,
+        isolation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        max_attempts: int = RUN_MAX_ATTEMPTS,
+    ) -> CommitInfo:
+        """Run ``fn(t)`` in a transaction and commit it; on a conflict, run it again. Returns the commit info.
+
+        ``fn`` may run more than once: it must act only through ``t`` (no
+        side effects elsewhere). Raising ``txns.Abort`` (or any exception)
+        inside it commits nothing and propagates. After ``max_attempts``
+        conflicting attempts (with jittered backoff between them),
+        ``TransactionConflict`` says how many ran. A storage failure of
+        uncertain outcome (``persist.Indeterminate``) propagates: the
+        transaction may have committed, and running it again could apply it
+        twice; its id (``db.history()``) tells.
+
+        >>> import pyarrow as pa, txns
+        >>> db = txns.connect("mem://doc-run")
+        >>> _ = db.create_table("kv", pa.schema([("k", pa.string()), ("v", pa.int64())]), primary_key=["k"])
+        >>> def bump(t):
+        ...     row = t.get("kv", "a")
+        ...     t.upsert("kv", [{"k": "a", "v": (row["v"] if row else 0) + 1}])
+        >>> _ = db.run(bump); _ = db.run(bump)
+        >>> db.table("kv").to_arrow().to_pylist()
+        [{'k': 'a', 'v': 2}]
+        """
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidUsage(f"max_attempts must be a positive int, got {max_attempts!r}")
+        if not callable(fn):
+            raise InvalidUsage(f"run takes a function of a transaction, got {type(fn).__name__}")
+        level = check_isolation(isolation or self.isolation)
+        last: TransactionConflict | None = None
+        for attempt in range(1, max_attempts + 1):
+            t = self.transaction(metadata, isolation=level)
+            try:
+                fn(t)
+                info = t.commit()
+            except TransactionConflict as e:
+                last = e
+                t.abort()
+                if attempt < max_attempts:
+                    backoff(attempt, cap_s=RUN_BACKOFF_CAP_S, base_s=0.0005)
+                continue
+            except BaseException:
+                t.abort()
+                raise
+            return dataclasses.replace(info, attempts=attempt)
+        assert last is not None
+        raise TransactionConflict(f"{last} (gave up after {max_attempts} attempts)", attempts=max_attempts)
+
+    def read(self, as_of: AsOf = None, isolation: str | None = None) -> ReadTransaction:
+        """A read-only transaction: every read through it at one timestamp (``as_of``; None: the oracle's read time).
+
+        ``with db.read() as r: r.table("a").to_arrow(); r.table("b").to_arrow()``
+        reads both tables as of ``r.ts``, whatever commits meanwhile. Without
+        ``as_of``, ``r.ts`` comes from the isolation level's oracle: the
+        latest commit in any process (``strict_serializable``, one head read),
+        or the latest this process saw (``serializable``, no request).
+        """
+        from txns.db.read_txn import ReadTransaction
+
+        self._check_open()
+        ts = self.oracle(isolation).read_ts() if as_of is None else self.resolve(as_of)
+        return ReadTransaction(self, ts)
 
     def _begin(self, metadata: dict[str, Any]) -> Txn:
         """A core transaction whose commit record carries ``metadata`` (what history shows)."""
         return self.handle.begin(metadata=metadata)
 
-    def _register(self, shards: Mapping[str, Any]) -> int:
-        """Register fresh data shards; return the registration time."""
-        if len(shards) > 1:
-            # Each shard's schema is a conditional write of its own: write them at
-            # once (register() then finds them written and writes them no more).
-            for res in each(lambda item: self.client.register_schema(*item), list(shards.items())):
-                if isinstance(res, BaseException):
-                    raise res
-        with self._lock:
-            ts = max(self.handle.cache.frontier, self._now_ts())
-            while True:
-                try:
-                    self.handle.register(ts, shards)
-                    return ts
-                except TimestampUnavailable as e:
-                    ts = max(e.upper, self._now_ts())
+    def _record_schemas(self, shards: Mapping[str, Any]) -> None:
+        """Record fresh data shards' schemas (a conditional write each, all at once)."""
+        for res in each(lambda item: self.client.register_schema(*item), list(shards.items())):
+            if isinstance(res, BaseException):
+                raise res
 
     def _forget(self, data_ids: list[str]) -> None:
         with self._lock:
@@ -530,38 +629,68 @@ class Database:
         txn: Txn,
         validate: Callable[[int], dict[str, TableEntry]] | None,
         written: Mapping[str, int] | None = None,
-    ) -> int:
-        """Commit ``txn`` at a database-chosen time; return it once durable.
+        *,
+        reads: ReadSet | None = None,
+        names: Mapping[str, TableEntry] | None = None,
+        read_ts: int | None = None,
+        isolation: str | None = None,
+    ) -> tuple[int, int | None]:
+        """Commit ``txn`` at a database-chosen time once durable; return it and the time its reads hold at.
 
-        ``validate(ts)`` checks the DDL against the catalog at ``ts`` and
-        returns the tables after it: the commit then goes at exactly the
-        upper the catalog was validated at (see the module doc), and that
-        catalog is cached as the catalog at the commit time. The commit is
-        applied by the background worker (which also moves the retention
-        holds of ``written``: the data shards written, with their tables'
-        creation times); its applied entries are tidied by this database's
-        next commit.
+        - Write-only (no ``reads``): at the first free time at or after the
+          oracle's write time.
+        - Read-then-write (``reads`` made at ``read_ts``): only while nothing
+          committed after ``read_ts`` (``expect_upper=read_ts + 1``, at time
+          ``max(read_ts + 1, now)``). When another commit took that time, the
+          commits in between are checked against the reads
+          (:func:`txns.db.validation.conflict`): unchanged, the reads hold at
+          the new upper - 1 and the same writes commit after it (no re-run);
+          changed, ``TransactionConflict`` and nothing is committed.
+        - ``validate(ts)`` checks the DDL against the catalog at ``ts`` and
+          returns the tables after it: the commit then goes only on the
+          upper the catalog was validated at (see the module doc), and that
+          catalog is cached as the catalog at the commit time.
+
+        The commit is applied by the background worker (which also moves the
+        retention holds of ``written``: the data shards written, with their
+        tables' creation times); its applied entries are tidied by this
+        database's next commit.
         """
         with self._lock:
             txn.tidy(self._applier.take_tidy())
             cache = self.handle.cache
-            ts = max(cache.frontier, self._now_ts())
+            oracle = self.oracle(isolation)
+            rw = bool(reads) and read_ts is not None
+            ts = max(cache.frontier, oracle.write_ts())
             applied: TxnApply
             live: dict[str, TableEntry] | None = None
             uncertain_tries = 0
+            expect: int | None = None
             while True:
-                if validate is not None:
+                if rw:
+                    assert read_ts is not None
+                    expect = read_ts + 1
+                    ts = max(expect, oracle.write_ts())
+                    if validate is not None:
+                        live = validate(read_ts)
+                elif validate is not None:
                     cache.sync()
-                    now_ms = self.client.config.clock_ms()
-                    if now_ms - clock.wall_ms(cache.frontier) > DDL_STALE_MS:
-                        self._close_time(clock.ts_of_ms(now_ms) - 1)
-                    ts = cache.frontier
-                    live = validate(ts - 1)
+                    expect = cache.frontier
+                    ts = max(expect, oracle.write_ts())
+                    live = validate(expect - 1)
                 try:
-                    applied = txn.commit_at(self.handle, ts)
+                    # (with reads or DDL: only if nothing committed since what it checked)
+                    applied = txn.commit_at(self.handle, ts, expect_upper=expect)
                     break
                 except TimestampUnavailable as e:
-                    ts = max(e.upper, self._now_ts())
+                    if rw:
+                        assert read_ts is not None and reads is not None
+                        why = conflict(self, reads, names or {}, read_ts + 1, e.upper - 1)
+                        if why is not None:
+                            raise TransactionConflict(f"{why}; nothing was committed") from None
+                        read_ts = e.upper - 1  # what it read holds there too: commit right after
+                    oracle.observe(e.upper - 1)
+                    ts = max(e.upper, oracle.write_ts())
                 except Indeterminate:
                     # It may have committed. Without DDL, committing the same txn again is
                     # safe (its durable identity finds an earlier commit); with DDL the
@@ -570,15 +699,16 @@ class Database:
                     if validate is not None or uncertain_tries > UNCERTAIN_RETRIES:
                         raise
                     backoff(uncertain_tries)
+            oracle.observe(applied.commit_ts)
             if live is not None and applied.commit_ts == ts:
                 self._catalog_committed(ts, live)
             self._applier.submit(applied.commit_ts, written)
-            return applied.commit_ts
+            return applied.commit_ts, read_ts
 
     def _catalog_committed(self, ts: int, live: dict[str, TableEntry]) -> None:
-        """Cache ``live`` as the catalog at ``ts``: the one validated at ``ts - 1`` with a DDL commit's changes.
+        """Cache ``live`` as the catalog at ``ts``: the one a DDL commit validated, with its changes.
 
-        Exact: a DDL commit goes at exactly the upper it validated at, so no
+        Exact: a DDL commit expects exactly the upper it validated at, so no
         commit lies between; and only when the commit wrote the catalog (a
         transaction may create and drop a table again, writing nothing).
         """
@@ -627,14 +757,14 @@ class Database:
             return None
         w = self.handle.data_writer(data_id)
         state = w.machine.state()
-        if state.upper <= ts and (ts < cache.since or _writes_in(cache, data_id, state.upper, ts)):
+        if state.upper <= ts and (ts < cache.since or writes_in(cache, data_id, state.upper, ts)):
             # (read after the cache; without a write in [upper, ts] the cached state is the snapshot)
             state = w.machine.fetch()
         if ts < state.since:
             raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
         runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
         if state.upper <= ts and ts >= cache.since:
-            due = _writes_in(cache, data_id, state.upper, ts)
+            due = writes_in(cache, data_id, state.upper, ts)
             if due:
                 pending = sorted(e for e in cache.entries if e.data_id == data_id and e.batch and state.upper <= e.ts <= ts)
                 if {e.ts for e in pending} != due:
@@ -815,7 +945,11 @@ class Database:
         return self._applier.wait(None, timeout)
 
     def compact(self) -> dict[str, dict]:
-        """Apply retention to every table (and the catalog), then compact each one. Returns a report per table."""
+        """Apply retention to every table (and the catalog), then compact each one. Returns a report per table.
+
+        Also retires dropped tables whose drop is older than the retained
+        history (see :meth:`_release_dropped`), reported under ``DROPPED_REPORT``.
+        """
         self._check_open()
         self._settle(APPLY_WAIT_S)  # (the worker's maintenance first, so the two do not race)
         report: dict[str, dict] = {}
@@ -832,7 +966,57 @@ class Database:
                 r["hold"] = since
                 report[name] = r
             self._catalogs.clear()
+            report[DROPPED_REPORT] = self._release_dropped()
         return report
+
+    def _release_dropped(self) -> dict[str, int]:
+        """Retire the data shards no readable catalog names any more: dropped tables past their history.
+
+        A data shard registered in the txns shard (user tables only) that no
+        catalog row at or above the catalog's since mentions cannot be read
+        by name at any time still readable: its table was dropped before the
+        retained history (or it was never named: a crashed creator). Such a
+        shard is tombstoned (its parts become garbage); once its garbage is
+        deleted (after the part grace period, by a later ``compact``), it is
+        forgotten by the txns shard, which then stops carrying it. Returns
+        how many shards were tombstoned and forgotten by this call.
+        """
+        cache = self.handle.cache
+        cache.sync()
+        latest = cache.frontier - 1
+        system = {self.root.catalog_id, self.handle.commits_id}
+        candidates = sorted(set(cache.registered_now()) - system)
+        out = {"tombstoned": 0, "forgotten": 0}
+        if not candidates or latest < 0:
+            return out
+        named = self._catalog_data_ids(latest)
+        gone = [d for d in candidates if d not in named]
+        if not gone:
+            return out
+        self.handle.apply_le(latest, only=set(gone))  # (nothing is pending for a dropped table, normally)
+        released = []
+        for d in gone:
+            if self.client.tombstone(d):
+                out["tombstoned"] += 1
+            w = self.handle.data_writer(d)
+            w.machine.fetch()
+            w.collect_garbage()
+            if not w.machine.state().garbage:
+                released.append(d)
+        if released:
+            self._forget(released)
+            out["forgotten"] = len(released)
+        return out
+
+    def _catalog_data_ids(self, ts: int) -> set[str]:
+        """Every data shard a catalog row at or above the catalog's since names (as of ``ts``)."""
+        entry = TableEntry("(catalog)", self.root.catalog_id, CATALOG_SCHEMA.arrow, 0)
+
+        def read(plan: Any) -> set[str]:
+            t = read_changes(self.client.blob, plan, 0, ["data_id"], self.client.config.retry_deadline_s)
+            return set(t.column("data_id").to_pylist())
+
+        return self.with_replan(entry, ts, read)
 
 
 HISTORY_SCHEMA = pa.schema(

@@ -393,16 +393,23 @@ def _apply_delta(piece: pa.Table, delta: pa.Table, reader: PlanReader) -> tuple[
 
 
 def read_changes(
-    blob: Blob, plan: SnapshotPlan, start: int, columns: list[str], retry_deadline_s: float
+    blob: Blob,
+    plan: SnapshotPlan,
+    start: int,
+    columns: list[str],
+    retry_deadline_s: float,
+    filter: pc.Expression | None = None,
 ) -> pa.Table:
     """The updates of ``plan``'s shard with ``start <= ts <= plan.as_of``: columns, ``ts`` (int64), ``diff``.
 
     Consolidated per (row, ts), zero sums dropped, sorted by time. The caller
     checks ``start`` is at or above the shard's since (below it, compaction
-    has merged times). Parts are read like :func:`read_table`'s.
+    has merged times). Parts are read like :func:`read_table`'s. ``filter``
+    (on the shard's columns) is pushed into every read.
     """
     arrow = plan.schema.arrow
     hi = pa.scalar(plan.as_of, pa.uint64())
+    keep = pc.field("ts") <= hi if filter is None else (pc.field("ts") <= hi) & filter
     runs = [run for run in plan.runs if run.ts_rewrite is None or run.ts_rewrite <= plan.as_of]
 
     def read(item: tuple[Run, PartRef | None]) -> pa.Table:
@@ -410,11 +417,11 @@ def read_changes(
         if ref is None:
             assert run.inline is not None
             t = decode_inline(run.inline, arrow)
-            t = t.filter(pc.field("ts") <= hi).select([*columns, "ts", "diff"])
+            t = t.filter(keep).select([*columns, "ts", "diff"])
         else:
             data = load_part(blob, ref, retry_deadline_s)
             try:
-                t = pq.read_table(pa.BufferReader(data), columns=[*columns, "ts", "diff"], filters=pc.field("ts") <= hi)
+                t = pq.read_table(pa.BufferReader(data), columns=[*columns, "ts", "diff"], filters=keep)
             except Exception as e:  # noqa: BLE001 - any decode failure of a checked part means corrupt
                 raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
             t = t.replace_schema_metadata(None)

@@ -47,6 +47,12 @@ class Table:
         return self._at(None)[0].schema
 
     @property
+    def primary_key(self) -> list[str] | None:
+        """The table's primary key columns (at the latest time), or None for a table created without one."""
+        pk = self._at(None)[0].primary_key
+        return None if pk is None else list(pk)
+
+    @property
     def retention(self) -> dt.timedelta:
         """The table's history retention (its own, else the database's)."""
         e = self._at(None)[0]

@@ -1,9 +1,11 @@
 """Transactions of a database: DDL and data for any number of tables, committed as one.
 
 ``with db.transaction() as t:`` gathers ``create_table`` / ``drop_table`` /
-``rename_table`` / ``set_retention`` and ``insert`` / ``retract`` calls; a
-clean exit commits them all with one conditional write on the txns shard
-(an exception abandons them: nothing is committed).
+``rename_table`` / ``set_retention`` and ``insert`` / ``retract`` calls (and,
+on keyed tables, ``upsert`` / ``delete`` / ``update``); a clean exit commits
+them all with one conditional write on the txns shard (an exception abandons
+them: nothing is committed). ``get`` (a keyed point read) and ``read`` (a
+scan) read inside the transaction.
 
 Invariants:
 
@@ -14,6 +16,17 @@ Invariants:
   whole if a later piece is bad.
 - The transaction sees its own changes: a table it created, renamed or
   dropped is visible under its new name (or gone) for its later calls.
+- Every read (``get``, ``read``, and the checks of ``retract``, keyed
+  ``insert``, ``upsert``, ``delete``, ``update``) is of the committed data
+  at the transaction's read timestamp (the latest when it began), with the
+  transaction's own writes applied on top (read-your-writes). What it read
+  is recorded in ``_read_set`` (see :class:`Transaction`).
+- A keyed table holds at most one row per primary key: ``upsert`` retracts
+  the current row of each key and adds the new one, ``delete`` retracts,
+  ``update`` retracts and adds the changed row, ``insert`` refuses a key
+  that is there (``DuplicateKey``). The transaction keeps what it wrote to
+  keyed tables in memory, by key (at most ``KEYED_WRITES_BYTES``), and
+  caches the committed rows its point reads found (``KEY_CACHE_KEYS``).
 - Data is buffered in persist batch builders, which spill Parquet parts at
   the part size: memory stays bounded for inserts of any size. An abandoned
   transaction deletes the parts it wrote.
@@ -31,20 +44,32 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, PersistError, ShardId, WriteHandle
+from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, PersistError, SchemaMismatch, ShardId, WriteHandle
 from txns.db import clock
-from txns.db.arrow_io import check_input, conformed
-from txns.db.catalog import TableEntry, check_name, check_schema, data_schema
-from txns.db.errors import RowNotFound, TableExists, TableNotFound, TransactionClosed
+from txns.db.arrow_io import check_input, conform, conformed
+from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
+from txns.db.errors import DuplicateKey, InvalidPrimaryKey, RowNotFound, TableExists, TableNotFound, TransactionClosed
+from txns.db.keyed import (
+    Key,
+    committed_rows,
+    describe_key,
+    first_repeat,
+    keys_from_values,
+    keys_of,
+    read_at,
+    require_keyed,
+    row_keys,
+    without_keys,
+)
 from txns.db.pool import each
-from txns.db.scan import PlanReader, read_table
+from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, read_table
 
 if TYPE_CHECKING:
     from txns.db.database import Database
@@ -53,6 +78,10 @@ log = logging.getLogger(__name__)
 
 TRACK_INSERTED_BYTES = 64 << 20
 """Rows a transaction inserts are kept in memory up to this many bytes, so it can retract them itself."""
+KEYED_WRITES_BYTES = 64 << 20
+"""A transaction's writes to keyed tables (kept in memory, by key) are limited to this many (Arrow) bytes."""
+KEY_CACHE_KEYS = 100_000
+"""Committed rows found by a transaction's point reads, cached for its later ones: at most this many keys."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,9 @@ class CommitInfo:
     """What a committed transaction did: its timestamp, wall-clock time, id, and per-table row counts.
 
     ``ts`` is None for a transaction that had nothing to commit.
+    ``read_ts``: the time its reads are valid at (they would return the same
+    rows at ``ts - 1``: nothing they read changed in between).
+    ``attempts``: how many times ``db.run`` ran the function (1 otherwise).
     """
 
     ts: int | None
@@ -68,12 +100,28 @@ class CommitInfo:
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
     operations: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+    read_ts: int | None = None
+    attempts: int = 1
 
 
 class Transaction:
-    """DDL and writes to commit atomically. Get one with ``Database.transaction()``."""
+    """DDL, writes and reads to commit atomically. Get one with ``Database.transaction()``.
 
-    def __init__(self, db: Database, metadata: Mapping[str, Any] | None = None) -> None:
+    Reads happen at ``_read_ts`` (the latest time when the transaction
+    began) with the transaction's own writes applied. ``_read_set`` records
+    what was read, for validation at commit: data shard id -> the set of
+    primary-key tuples read by ``get`` / ``update`` / ``upsert`` / ``delete``
+    / keyed ``insert`` and ``retract`` (keys found absent included), or None
+    when the transaction read the whole table (``read``; the check of a
+    ``retract`` on a table without primary key). A read is recorded even
+    when the call then raises (``DuplicateKey``, ``RowNotFound``): the caller
+    saw its outcome. Tables created in this transaction are not recorded
+    (nothing committed to read; no other transaction can write them).
+    """
+
+    def __init__(
+        self, db: Database, metadata: Mapping[str, Any] | None = None, isolation: str = "strict_serializable"
+    ) -> None:
         if metadata is not None and not isinstance(metadata, Mapping):
             raise InvalidUsage(f"metadata must be a dict of JSON values, got {type(metadata).__name__}")
         try:
@@ -81,7 +129,8 @@ class Transaction:
         except (TypeError, ValueError) as e:
             raise InvalidUsage(f"metadata must be JSON-serializable (str keys, JSON values): {e}") from None
         self._db = db
-        self._read_ts = db.latest()
+        self._isolation = isolation
+        self._read_ts = db.oracle(isolation).read_ts()
         self._view: dict[str, TableEntry] = dict(db.catalog(self._read_ts).tables)
         self._ops: list[tuple[str, TableEntry | None, TableEntry | None]] = []
         self._new: dict[str, TableEntry] = {}  # data_id -> entry, for tables created here
@@ -93,6 +142,11 @@ class Transaction:
         self._retracted: dict[str, list[pa.Table]] = {}
         self._tracked_bytes = 0
         self._untracked: set[str] = set()
+        self._read_set: dict[str, set[Key] | None] = {}
+        self._own: dict[str, dict[Key, dict[str, Any] | None]] = {}  # keyed tables: data_id -> key -> row (None: deleted)
+        self._own_bytes = 0
+        self._key_cache: dict[str, dict[Key, list[dict[str, Any]]]] = {}  # committed rows at _read_ts, by key
+        self._key_cache_size = 0
         self._state = "open"
         self.commit_info: CommitInfo | None = None
 
@@ -126,13 +180,27 @@ class Transaction:
 
     # ---- DDL ------------------------------------------------------------------------------------
 
-    def create_table(self, name: str, schema: pa.Schema, *, retention: dt.timedelta | None = None) -> None:
-        """Create table ``name`` with ``schema`` (a flat ``pyarrow.Schema``; every column is data)."""
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        *,
+        retention: dt.timedelta | None = None,
+        primary_key: Sequence[str] | None = None,
+    ) -> None:
+        """Create table ``name`` with ``schema`` (a flat ``pyarrow.Schema``; every column is data).
+
+        ``primary_key`` (a list of column names) makes it a keyed table: at
+        most one row per key, with ``get`` / ``upsert`` / ``delete`` /
+        ``update``; key columns must hold no nulls and not be floating-point
+        (``InvalidPrimaryKey``).
+        """
         from txns.db.database import check_retention
 
         self._check_open()
         check_name(name)
         schema = check_schema(schema)
+        pk = check_primary_key(schema, primary_key)
         ret = None if retention is None else check_retention(retention)
         if name in self._view:
             raise TableExists(
@@ -142,8 +210,8 @@ class Transaction:
         d = str(ShardId.new())
         # Nothing is written for it until the commit: its data is buffered with a
         # writer opened here (a read only), and the commit registers it.
-        self._writers[d] = self._db.client.open_writer(d, data_schema(schema))
-        entry = TableEntry(name, d, schema, self._db.client.config.clock_ms(), ret)
+        self._writers[d] = self._db.client.open_writer(d, data_schema(schema, pk))
+        entry = TableEntry(name, d, schema, self._db.client.config.clock_ms(), ret, pk)
         self._view[name] = entry
         self._new[d] = entry
         self._ops.append(("create", None, entry))
@@ -198,10 +266,17 @@ class Transaction:
         return table.append_column(pa.field("diff", pa.int64()), pa.repeat(pa.scalar(diff, pa.int64()), n))
 
     def insert(self, table: str, data: object) -> int:
-        """Add ``data``'s rows to ``table``; return how many. See :mod:`txns.db.arrow_io` for the inputs."""
+        """Add ``data``'s rows to ``table``; return how many. See :mod:`txns.db.arrow_io` for the inputs.
+
+        On a keyed table, a key that is already there (committed, or written
+        earlier in this transaction) or twice in ``data`` raises
+        ``DuplicateKey`` naming it, and nothing of ``data`` is inserted.
+        """
         self._check_open()
         e = self._entry(table)
         check_input(data, table)
+        if e.primary_key is not None:
+            return self._insert_keyed(e, data)
         if isinstance(data, pa.RecordBatchReader):
             return self._insert_stream(e, data)
         pieces = list(conformed(data, e.schema, table))  # every piece checked before any is buffered
@@ -239,9 +314,10 @@ class Transaction:
     def retract(self, table: str, data: object) -> int:
         """Remove one occurrence of each of ``data``'s rows from ``table``; return how many.
 
-        Every row must be in the table (as committed when checked, with this
-        transaction's own inserts and retractions counted), else
-        ``RowNotFound`` and nothing is retracted.
+        Every row must be in the table (as committed at the transaction's
+        read time, with this transaction's own writes counted), else
+        ``RowNotFound`` and nothing is retracted. On a keyed table each row
+        must be exactly its key's current row.
         """
         self._check_open()
         e = self._entry(table)
@@ -250,6 +326,8 @@ class Transaction:
         if not pieces:
             return 0
         rows = pa.concat_tables(pieces)
+        if e.primary_key is not None:
+            return self._retract_keyed(e, rows)
         self._check_present(e, rows)
         self._builder(e.data_id, -1).add_table(self._updates(rows, -1))
         self._retracted.setdefault(e.data_id, []).append(rows)
@@ -303,9 +381,10 @@ class Transaction:
         return t.append_column("asked", pa.repeat(pa.scalar(asked, pa.int8()), t.num_rows))
 
     def _committed_matching(self, e: TableEntry, rows: pa.Table) -> pa.Table:
-        """The committed rows of ``e`` (latest) that may equal one of ``rows`` (filter pushed down)."""
+        """The committed rows of ``e`` (at the read time) that may equal one of ``rows`` (filter pushed down)."""
         db = self._db
-        ts = db.latest()
+        ts = self._read_ts
+        self._note_scan(e)
         cur = db.catalog(ts).by_data_id().get(e.data_id)
         if cur is None:
             return e.schema.empty_table()
@@ -324,6 +403,308 @@ class Transaction:
             return read_table(PlanReader(db.client.blob, plan, cols, expr, cfg.retry_deadline_s))
 
         return db.with_replan(cur, ts, read).cast(e.schema)
+
+    # ---- keyed tables and reads -------------------------------------------------------------------
+
+    def get(self, table: str, key: object) -> dict[str, Any] | None:
+        """The row of ``key`` in keyed ``table`` as a dict (column -> value), or None if there is none.
+
+        ``key`` is a tuple of the primary key's values in its column order
+        (or a bare value for a one-column key). The row is as committed at
+        the transaction's read time, with this transaction's own writes
+        applied (a ``get`` after an ``upsert`` of the key sees the upsert).
+        Only that key's rows are decoded (the key is pushed into the Parquet
+        reads); committed rows found are cached for the transaction's later
+        reads. ``InvalidPrimaryKey`` for a table without a primary key or a
+        key of the wrong arity or type.
+        """
+        self._check_open()
+        e = self._entry(table)
+        require_keyed(e, "get")
+        k = keys_from_values(e, [key])[0]
+        rows = self._current(e, [k])[k]
+        return dict(rows[0]) if rows else None
+
+    def upsert(self, table: str, data: object) -> int:
+        """Write ``data``'s rows into keyed ``table``, each replacing the row of its key (or adding it).
+
+        ``data`` is anything ``insert`` takes; returns how many rows it has.
+        Under the hood the current row of each key is retracted and the new
+        one added (a row equal to the current one writes nothing). A key
+        twice in ``data`` raises ``DuplicateKey``; nothing is written then.
+        """
+        self._check_open()
+        e = self._entry(table)
+        require_keyed(e, "upsert")
+        check_input(data, table)
+        rows = self._keyed_input(e, data)
+        if rows.num_rows == 0:
+            return 0
+        keys = row_keys(e, rows)
+        dup = first_repeat(keys)
+        if dup is not None:
+            raise DuplicateKey(
+                f"table {e.name!r}: the data has key {describe_key(e, dup)} more than once; an upsert takes "
+                f"one row per key. Nothing was upserted"
+            )
+        cur = self._current(e, keys)
+        new = rows.to_pylist()
+        changed = [i for i, (k, r) in enumerate(zip(keys, new, strict=True)) if cur[k] != [r]]
+        old = [r for i in changed for r in cur[keys[i]]]
+        add = rows if len(changed) == rows.num_rows else rows.take(pa.array(changed, pa.int64()))
+        self._apply_keyed(e, add, [(keys[i], new[i]) for i in changed], old)
+        return rows.num_rows
+
+    def delete(self, table: str, keys: object) -> int:
+        """Remove the rows of ``keys`` from keyed ``table``; return how many rows were removed.
+
+        ``keys``: a list of key tuples (or bare values for a one-column key),
+        or rows holding the key columns (Arrow, pandas, Polars, a list of
+        dicts; other columns are ignored). A key with no row is skipped.
+        """
+        self._check_open()
+        e = self._entry(table)
+        require_keyed(e, "delete")
+        wanted = list(dict.fromkeys(keys_of(e, keys)))
+        if not wanted:
+            return 0
+        cur = self._current(e, wanted)
+        gone = [k for k in wanted if cur[k]]
+        old = [r for k in gone for r in cur[k]]
+        self._apply_keyed(e, None, [(k, None) for k in gone], old)
+        return len(old)
+
+    def update(self, table: str, key: object, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Change some columns (``values``: column -> new value) of the row of ``key``; return the new row.
+
+        ``RowNotFound`` naming the key if keyed ``table`` has no row of it;
+        ``SchemaMismatch`` for an unknown column or a value of the wrong
+        type; ``InvalidPrimaryKey`` for a change of a key column (delete the
+        row and insert the new one instead). The old row is retracted and
+        the new one added.
+        """
+        self._check_open()
+        e = self._entry(table)
+        pk = require_keyed(e, "update")
+        k = keys_from_values(e, [key])[0]
+        if not isinstance(values, Mapping):
+            raise InvalidUsage(
+                f"table {e.name!r}: update takes the new values as a dict of column -> value, "
+                f"got {type(values).__name__}"
+            )
+        unknown = [c for c in values if c not in e.schema.names]
+        if unknown:
+            raise SchemaMismatch(f"table {e.name!r} has no column(s) {unknown}; its columns are {list(e.schema.names)}")
+        given: dict[str, Any] = {}
+        if values:
+            try:
+                arrays = {c: pa.array([v]) for c, v in values.items()}
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError) as x:
+                raise SchemaMismatch(f"table {e.name!r}: update values {dict(values)!r} cannot be converted to Arrow: {x}") from None
+            sub = pa.schema([e.schema.field(c) for c in values])
+            given = conform(pa.table(arrays), sub, e.name).to_pylist()[0]
+        moved = [c for j, c in enumerate(pk) if c in given and given[c] != k[j]]
+        if moved:
+            raise InvalidPrimaryKey(
+                f"table {e.name!r}: update cannot change primary key column(s) {moved}; "
+                f"delete the row of {describe_key(e, k)} and insert the new one instead"
+            )
+        cur = self._current(e, [k])[k]
+        if not cur:
+            raise RowNotFound(
+                f"table {e.name!r} has no row with key {describe_key(e, k)}; nothing was updated "
+                f"(upsert() adds a row)"
+            )
+        new = {**cur[0], **given}
+        if cur == [new]:
+            return dict(new)
+        add = pa.Table.from_pylist([new], schema=e.schema)
+        self._room(e, add.nbytes)
+        self._apply_keyed(e, add, [(k, new)], list(cur))
+        return dict(new)
+
+    def read(self, table: str, *, filter: Any = None, columns: list[str] | None = None) -> pa.Table:
+        """``table``'s rows as a ``pyarrow.Table``, as this transaction sees them (read-your-writes).
+
+        The committed rows at the transaction's read time (``filter``, a
+        ``pyarrow.compute`` expression, and the ``columns`` projection pushed
+        into the Parquet reads, as in ``Table.to_arrow``) with this
+        transaction's own writes applied. The result has the table's schema
+        (or the projection). A table this transaction inserted past
+        ``TRACK_INSERTED_BYTES`` (or a stream) into cannot be read back in it
+        (``InvalidUsage``), unless it is keyed.
+        """
+        self._check_open()
+        e = self._entry(table)
+        cols = check_columns(e.schema, columns)
+        expr = check_filter(e.schema, filter)
+        d = e.data_id
+        if e.primary_key is None and d in self._untracked:
+            raise InvalidUsage(
+                f"table {e.name!r}: this transaction inserted more than {TRACK_INSERTED_BYTES >> 20} MiB into it "
+                f"(or a stream), which it does not keep: it cannot read the table back; read it in a later transaction"
+            )
+        self._note_scan(e)
+        out_schema = pa.schema([e.schema.field(c) for c in cols])
+        if e.primary_key is None:
+            ins, ret = self._inserted.get(d, []), self._retracted.get(d, [])
+            if not ins and not ret:
+                return self._committed(e, cols, expr)
+            names = list(e.schema.names)
+            parts = [_with_diff(self._committed(e, names, expr), 1)]
+            parts += [_with_diff(t if expr is None else t.filter(expr), 1) for t in ins]
+            parts += [_with_diff(t if expr is None else t.filter(expr), -1) for t in ret]
+            return consolidate(pa.concat_tables(parts), names).select(cols).cast(out_schema)
+        own = self._own.get(d, {})
+        if not own:
+            return self._committed(e, cols, expr)
+        need = [*cols, *(c for c in e.primary_key if c not in cols)]
+        base = without_keys(e, self._committed(e, need, expr), list(own)).select(cols)
+        mine = pa.Table.from_pylist([r for r in own.values() if r is not None], schema=e.schema)
+        if expr is not None:
+            mine = mine.filter(expr)
+        return pa.concat_tables([base.cast(out_schema), mine.select(cols).cast(out_schema)])
+
+    def _committed(self, e: TableEntry, cols: list[str], expr: Any) -> pa.Table:
+        """``e``'s committed rows at the read time (projected, filtered); none for a table created here."""
+        if e.data_id in self._new:
+            return pa.schema([e.schema.field(c) for c in cols]).empty_table()
+        return read_at(self._db, e, self._read_ts, cols, expr)
+
+    def _keyed_input(self, e: TableEntry, data: object) -> pa.Table:
+        """``data`` conformed to ``e``'s schema, in memory (within ``KEYED_WRITES_BYTES``)."""
+        pieces: list[pa.Table] = []
+        size = 0
+        for p in conformed(data, e.schema, e.name):
+            if p.num_rows:
+                size += p.nbytes
+                self._room(e, size)
+                pieces.append(p)
+        return pa.concat_tables(pieces) if pieces else e.schema.empty_table()
+
+    def _room(self, e: TableEntry, nbytes: int) -> None:
+        if self._own_bytes + nbytes > KEYED_WRITES_BYTES:
+            raise InvalidUsage(
+                f"table {e.name!r}: a transaction's writes to keyed tables are limited to "
+                f"{KEYED_WRITES_BYTES >> 20} MiB (it keeps them in memory, by key, to hold one row per key); "
+                f"split them into several transactions. Nothing of this call was written"
+            )
+
+    def _insert_keyed(self, e: TableEntry, data: object) -> int:
+        rows = self._keyed_input(e, data)
+        if rows.num_rows == 0:
+            return 0
+        keys = row_keys(e, rows)
+        dup = first_repeat(keys)
+        if dup is not None:
+            raise DuplicateKey(
+                f"table {e.name!r}: the data has key {describe_key(e, dup)} more than once; a keyed table holds "
+                f"one row per key. Nothing was inserted"
+            )
+        cur = self._current(e, keys)
+        there = next((k for k in keys if cur[k]), None)
+        if there is not None:
+            where = "written earlier in this transaction" if there in self._own.get(e.data_id, {}) else "committed"
+            raise DuplicateKey(
+                f"table {e.name!r} already has a row with key {describe_key(e, there)} ({where}): "
+                f"{cur[there][0]!r}; use upsert() to replace it. Nothing was inserted"
+            )
+        self._apply_keyed(e, rows, list(zip(keys, rows.to_pylist(), strict=True)), [])
+        return rows.num_rows
+
+    def _retract_keyed(self, e: TableEntry, rows: pa.Table) -> int:
+        """Retract ``rows`` of a keyed table: each must be its key's current row (else RowNotFound)."""
+        keys = row_keys(e, rows)
+        asked = rows.to_pylist()
+        cur = self._current(e, list(dict.fromkeys(keys)))
+        left = {k: list(v) for k, v in cur.items()}
+        for k, r in zip(keys, asked, strict=True):
+            if r in left[k]:
+                left[k].remove(r)
+                continue
+            now = f"its row is {cur[k][0]!r}" if cur[k] else "no row has that key"
+            raise RowNotFound(
+                f"table {e.name!r}: cannot retract {r!r} (key {describe_key(e, k)}): {now}"
+                + (" (and it is retracted once already)" if r in cur[k] else "")
+                + "; nothing was retracted"
+            )
+        changes = [(k, left[k][0] if left[k] else None) for k in dict.fromkeys(keys)]
+        self._apply_keyed(e, None, changes, asked)
+        return len(asked)
+
+    def _current(self, e: TableEntry, keys: Sequence[Key]) -> dict[Key, list[dict[str, Any]]]:
+        """The rows of each key as this transaction sees them (normally 0 or 1); records the read.
+
+        The lists are shared (with the cache and the own writes): callers do not change them.
+        """
+        own = self._own.get(e.data_id, {})
+        out: dict[Key, list[dict[str, Any]]] = {}
+        need: list[Key] = []
+        for k in keys:
+            if k in own:
+                r = own[k]
+                out[k] = [] if r is None else [r]
+            elif k not in out:
+                out[k] = []
+                need.append(k)
+        self._note_keys(e, keys)
+        if need:
+            out.update(self._committed_keys(e, need))
+        return out
+
+    def _committed_keys(self, e: TableEntry, keys: list[Key]) -> dict[Key, list[dict[str, Any]]]:
+        """The committed rows of ``keys`` at the read time, from the cache or one filtered read."""
+        if e.data_id in self._new:
+            return {k: [] for k in keys}
+        cache = self._key_cache.setdefault(e.data_id, {})
+        out = {k: cache[k] for k in keys if k in cache}
+        missing = [k for k in keys if k not in out]
+        if missing:
+            found = committed_rows(self._db, e, self._read_ts, missing)
+            out.update(found)
+            if self._key_cache_size + len(found) > KEY_CACHE_KEYS:
+                self._key_cache, self._key_cache_size = {}, 0  # (bounded: start over)
+            if len(found) <= KEY_CACHE_KEYS:
+                self._key_cache.setdefault(e.data_id, {}).update(found)
+                self._key_cache_size += len(found)
+        return out
+
+    def _apply_keyed(
+        self,
+        e: TableEntry,
+        add: pa.Table | None,
+        changes: list[tuple[Key, dict[str, Any] | None]],
+        retract: list[dict[str, Any]],
+    ) -> None:
+        """Buffer a keyed write: retract ``retract``, add ``add``; the keys' rows are now ``changes``."""
+        d = e.data_id
+        if retract:
+            self._builder(d, -1).add_table(self._updates(pa.Table.from_pylist(retract, schema=e.schema), -1))
+        added = 0
+        if add is not None and add.num_rows:
+            self._builder(d, 1).add_table(self._updates(add, 1))
+            self._own_bytes += add.nbytes
+            added = add.num_rows
+        own = self._own.setdefault(d, {})
+        for k, r in changes:
+            own[k] = r
+        self._count(d, added, len(retract))
+
+    def _note_keys(self, e: TableEntry, keys: Sequence[Key]) -> None:
+        """Record point reads of ``keys`` in the read set (unless the whole table was read)."""
+        if e.data_id in self._new:
+            return
+        if e.data_id not in self._read_set:
+            self._read_set[e.data_id] = set(keys)
+            return
+        s = self._read_set[e.data_id]
+        if s is not None:
+            s.update(keys)
+
+    def _note_scan(self, e: TableEntry) -> None:
+        """Record a read of the whole table in the read set."""
+        if e.data_id not in self._new:
+            self._read_set[e.data_id] = None
 
     # ---- commit ---------------------------------------------------------------------------------
 
@@ -452,18 +833,19 @@ class Transaction:
                 self._counts.pop(d, None)
         if not self._batches and not changes:
             self._state = "committed"
-            self.commit_info = CommitInfo(None, None, None, {}, (), self._user_meta)
+            self.commit_info = CommitInfo(None, None, None, {}, (), self._user_meta, read_ts=self._read_ts)
             return self.commit_info
         info = self._info()
         committed = False
         registered: list[str] = []
         try:
             live_ids = {x.data_id for x, n in changes.items() if n > 0}
-            new = {d: data_schema(e.schema) for d, e in self._new.items() if d in live_ids}
-            if new:  # registered (with their schemas) right before the commit that names them
-                db._register(new)
-                registered = list(new)
+            new = {d: data_schema(e.schema, e.primary_key) for d, e in self._new.items() if d in live_ids}
             txn = db._begin(info)
+            if new:  # registered in the commit's own conditional write (their schemas recorded first)
+                db._record_schemas(new)
+                for d in sorted(new):
+                    txn.register(d)
             for d, bs in sorted(self._batches.items()):
                 for b in bs:
                     txn.write_batch(d, b)
@@ -471,7 +853,16 @@ class Transaction:
                 txn.write(db.root.catalog_id, e.key(), (), n)
             known = [*self._view.values(), *(x for _, a, b in self._ops for x in (a, b) if x is not None)]
             written = {e.data_id: e.created_ms for e in known if e.data_id in self._batches}
-            ts = db._commit(txn, self._validate if self._ops else None, written)
+            names = {n: e for n, e in db.catalog(self._read_ts).tables.items() if e.data_id in self._read_set}
+            ts, self._read_ts = db._commit(
+                txn,
+                self._validate if self._ops else None,
+                written,
+                reads=self._read_set,
+                names=names,
+                read_ts=self._read_ts,
+                isolation=self._isolation,
+            )
             committed = True
         except Indeterminate:
             # it may have committed: keep its parts; the caller may find it in db.history()
@@ -490,6 +881,7 @@ class Transaction:
             tables=_by_name(info["db"]["tables"]),
             operations=tuple(info["db"]["ops"]),
             metadata=self._user_meta,
+            read_ts=self._read_ts,
         )
         return self.commit_info
 
@@ -520,6 +912,10 @@ class Transaction:
                 self._db._forget(registered)
             except PersistError as e:
                 log.debug("forgetting abandoned shards deferred: %s", e)
+
+
+def _with_diff(t: pa.Table, diff: int) -> pa.Table:
+    return t.append_column("diff", pa.repeat(pa.scalar(diff, pa.int64()), t.num_rows))
 
 
 def _by_name(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -1,0 +1,107 @@
+"""Timestamp oracles: which timestamps a database's transactions read and write at.
+
+Transaction management splits into *timestamp selection* and *atomic
+durability*. The txns shard gives durability (one conditional write commits a
+transaction at a timestamp); an oracle picks the timestamps, and the
+isolation a transaction gets follows from them:
+
+- ``read_ts()``: a time at which every read of the transaction happens. A
+  read-then-write transaction then commits at a time with no commit between
+  its reads and its writes (``Txn.commit_at(..., expect_upper=read_ts + 1)``),
+  re-validating what it read when that time is taken.
+- ``write_ts()``: a free-looking time for a commit: at least the txns upper
+  last seen and the wall clock (hybrid timestamps, :mod:`txns.db.clock`), so
+  a commit never waits for the clock and timestamps track real time.
+- ``observe(ts)``: a commit (or a read) at ``ts`` happened; later timestamps
+  from this oracle are past it.
+
+Two oracles, one per isolation level:
+
+- :class:`SharedOracle` (``strict_serializable``): ``read_ts`` reads the txns
+  shard's upper from storage (one LIST + GET on S3: a linearizable read), so
+  a transaction sees every transaction that completed before it started, in
+  any process.
+- :class:`LocalOracle` (``serializable``): ``read_ts`` is the upper this
+  process last saw, with no request. Transactions stay serializable (the
+  commit validates the reads against everything committed since), but a
+  read may miss a commit another process completed a moment ago.
+
+Invariants: every timestamp an oracle returns is at most the latest it was
+told of (or read) minus nothing: ``read_ts() < upper`` as last seen, so a
+read at it never waits; ``write_ts() >= read_ts() + 1``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Protocol
+
+from txns.db import clock
+
+if TYPE_CHECKING:
+    from txns.db.database import Database
+
+ISOLATION_LEVELS = ("strict_serializable", "serializable")
+"""The isolation levels a database offers (the first is the default)."""
+
+
+class TimestampOracle(Protocol):
+    """Picks read and write timestamps (see the module doc)."""
+
+    def read_ts(self) -> int: ...
+
+    def write_ts(self) -> int: ...
+
+    def observe(self, ts: int) -> None: ...
+
+
+class _Oracle:
+    """What both oracles share: the highest upper seen, and write timestamps from it and the clock."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        self._upper = 0  # the highest txns upper seen through this oracle
+
+    def observe(self, ts: int) -> None:
+        with self._lock:
+            self._upper = max(self._upper, ts + 1)
+
+    def write_ts(self) -> int:
+        with self._lock:
+            upper = self._upper
+        return max(upper, clock.ts_of_ms(self._db.client.config.clock_ms()))
+
+    def _seen(self, upper: int) -> int:
+        with self._lock:
+            self._upper = max(self._upper, upper)
+            return self._upper
+
+
+class SharedOracle(_Oracle):
+    """``strict_serializable``: read timestamps from the txns upper read from storage (linearizable)."""
+
+    def read_ts(self) -> int:
+        return self._seen(self._db.latest() + 1) - 1
+
+
+class LocalOracle(_Oracle):
+    """``serializable``: read timestamps from the upper this process last saw (no request)."""
+
+    def read_ts(self) -> int:
+        cached = self._db.cached_latest()
+        if cached is None:  # nothing seen yet in this process: read it once
+            return self._seen(self._db.latest() + 1) - 1
+        return self._seen(cached + 1) - 1
+
+
+def check_isolation(level: object) -> str:
+    """``level`` if it names an isolation level, else InvalidUsage listing them."""
+    from persist import InvalidUsage
+
+    if level not in ISOLATION_LEVELS:
+        raise InvalidUsage(f"isolation must be one of {', '.join(map(repr, ISOLATION_LEVELS))}; got {level!r}")
+    return str(level)
+
+
+__all__ = ["ISOLATION_LEVELS", "LocalOracle", "SharedOracle", "TimestampOracle", "check_isolation"]
