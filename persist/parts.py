@@ -10,15 +10,31 @@ itself as Arrow IPC bytes (the state's own checksum covers them).
 A :class:`Run` is the unit a batch is made of: parts and/or inline rows that
 share one optional ``ts_rewrite``; reading a run advances every update time
 to at least ``ts_rewrite`` (re-timestamping without rewriting any data).
+
+Key bounds: a :class:`PartRef` may carry ``lo``/``hi``, the least and
+greatest value of the part's first column (the shard's first key field),
+computed by :func:`write_part` (which every part goes through: batches,
+compaction, Spark writes) with ``pyarrow.compute.min_max``, never inferred
+from the sort order. They are JSON scalars that order as the column does
+(:func:`bound_value`): integers as ints; strings as str (UTF-8 byte order is
+code point order); dates, times and timestamps as the int they are stored
+as. Other types (floats, decimals, binary, bool, durations, nested...), a
+column with a null, or an empty part: no bounds. Each bound is optional on
+its own (None: unbounded on that side): a string minimum longer than
+:data:`BOUND_MAX_BYTES` UTF-8 bytes is stored as its prefix of at most that
+many bytes (a prefix is <= the string: still a lower bound), a longer
+maximum is not stored. Readers prune with :meth:`PartRef.may_contain_first_key`
+or :func:`prune_runs`; a part without bounds is never pruned.
 """
 
 from __future__ import annotations
 
 import base64
+import bisect
 import io
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,21 +49,53 @@ from persist.retry import retry_storage
 PARQUET_META = {b"persist.format": str(FORMAT_VERSION).encode()}
 
 
+Bound = int | str
+"""A key bound as stored (see the module doc): it orders as the column's values do."""
+
+BOUND_MAX_BYTES = 64
+"""Longest string bound stored (UTF-8 bytes): keeps the state small."""
+
+
 @dataclass(frozen=True)
 class PartRef:
-    """A pointer to one Parquet part in blob storage."""
+    """A pointer to one Parquet part in blob storage.
+
+    ``lo``/``hi``: bounds of the part's first column (the shard's first key
+    field) over its rows, or None when unknown (see the module doc). As JSON:
+    ``[key, rows, size, crc]``, plus ``lo, hi`` (either may be null) when a
+    bound is known; a descriptor without them (older states) has none.
+    """
 
     key: str
     rows: int
     size: int
     crc: int
+    lo: Bound | None = None
+    hi: Bound | None = None
 
     def to_json(self) -> list:
-        return [self.key, self.rows, self.size, self.crc]
+        j: list = [self.key, self.rows, self.size, self.crc]
+        if self.lo is not None or self.hi is not None:
+            j += [self.lo, self.hi]
+        return j
 
     @staticmethod
     def from_json(j: list) -> PartRef:
-        return PartRef(j[0], j[1], j[2], j[3])
+        lo, hi = (j[4], j[5]) if len(j) >= 6 else (None, None)
+        return PartRef(j[0], j[1], j[2], j[3], lo, hi)
+
+    def may_contain_first_key(self, value: Bound | None) -> bool:
+        """Whether the part may hold a row whose first column is ``value`` (as :func:`bound_value` gives it).
+
+        False only when a known bound excludes it; ``value`` None (not
+        comparable) or of another kind than the bounds: True.
+        """
+        if value is None:
+            return True
+        for b in (self.lo, self.hi):
+            if b is not None and type(b) is not type(value):
+                return True
+        return (self.lo is None or self.lo <= value) and (self.hi is None or value <= self.hi)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -151,7 +199,7 @@ def encode_parquet(table: pa.Table) -> bytes:
 
 
 def write_part(blob: Blob, shard_id: str, table: pa.Table, key: str | None = None) -> PartRef:
-    """Write ``table`` (already sorted) as a part; return its ref.
+    """Write ``table`` (already sorted) as a part; return its ref (with its first column's bounds).
 
     ``key``: the part's key (default: a fresh one). Writing the same table to
     the same key again is idempotent, so a retried upload reuses its key and
@@ -160,7 +208,79 @@ def write_part(blob: Blob, shard_id: str, table: pa.Table, key: str | None = Non
     data = encode_parquet(table)
     key = key or part_key(shard_id)
     blob.set(key, data)
-    return PartRef(key=key, rows=table.num_rows, size=len(data), crc=crc32c(data))
+    lo, hi = first_column_bounds(table)
+    return PartRef(key=key, rows=table.num_rows, size=len(data), crc=crc32c(data), lo=lo, hi=hi)
+
+
+def _temporal(t: pa.DataType) -> bool:
+    return pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t)
+
+
+def _stringy(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def bound_value(value: pa.Scalar) -> Bound | None:
+    """``value`` as a key bound compares it (see the module doc); None for a null or a type without bounds."""
+    if not value.is_valid:
+        return None
+    t = value.type
+    if pa.types.is_integer(t) or _stringy(t):
+        return value.as_py()  # type: ignore[no-any-return]
+    if _temporal(t):
+        return int(value.value)  # type: ignore[attr-defined]
+    return None
+
+
+def first_column_bounds(table: pa.Table) -> tuple[Bound | None, Bound | None]:
+    """(least, greatest) value of ``table``'s first column as stored bounds; None where unknown."""
+    if table.num_columns == 0 or table.num_rows == 0:
+        return None, None
+    col = table.column(0)
+    t = col.type
+    if not (pa.types.is_integer(t) or _stringy(t) or _temporal(t)) or col.null_count:
+        return None, None
+    try:
+        mm = pc.min_max(col)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return None, None
+    lo, hi = bound_value(mm["min"]), bound_value(mm["max"])
+    if isinstance(lo, str) and len(lo.encode()) > BOUND_MAX_BYTES:
+        lo = lo.encode()[:BOUND_MAX_BYTES].decode("utf-8", "ignore")  # a prefix: still a lower bound
+    if isinstance(hi, str) and len(hi.encode()) > BOUND_MAX_BYTES:
+        hi = None
+    return lo, hi
+
+
+def prune_runs(runs: tuple[Run, ...], values: Iterable[Bound | None]) -> tuple[Run, ...]:
+    """``runs`` without the parts whose bounds exclude every one of ``values`` (first-column values).
+
+    ``values`` as :func:`bound_value` gives them; one that is None (not
+    comparable) keeps every part. Inline rows are kept; a run left with
+    neither parts nor inline rows is dropped. Each run's ``rows`` counts
+    what it keeps.
+    """
+    vals = list(values)
+    if any(v is None for v in vals) or len({type(v) for v in vals}) > 1:
+        return runs
+    ordered = sorted(vals)  # type: ignore[type-var]
+
+    def keep(ref: PartRef) -> bool:
+        if any(b is not None and type(b) is not type(v) for b in (ref.lo, ref.hi) for v in ordered[:1]):
+            return True  # bounds of another kind: not comparable
+        # the least value >= lo is the only one to check against hi
+        i = 0 if ref.lo is None else bisect.bisect_left(ordered, ref.lo)
+        return i < len(ordered) and ref.may_contain_first_key(ordered[i])
+
+    out = []
+    for run in runs:
+        parts = tuple(p for p in run.parts if keep(p))
+        if len(parts) == len(run.parts):
+            out.append(run)
+        elif parts or run.inline is not None:
+            rows = run.rows - sum(p.rows for p in run.parts) + sum(p.rows for p in parts)
+            out.append(Run(parts, run.inline, rows, run.ts_rewrite, run.distinct_kv))
+    return tuple(out)
 
 
 def decode_part(ref: PartRef, data: bytes | None, schema: pa.Schema) -> pa.Table:

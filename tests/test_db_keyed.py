@@ -214,7 +214,8 @@ def test_reads_happen_at_the_read_timestamp(db: txns.Database) -> None:
     with db.transaction() as other:
         other.insert("log", [{"event": "old"}])
     t = db.transaction()
-    with db.transaction() as other:  # lands after t began
+    t.get("accounts", ("bob",))  # the first read fixes the read time (a transaction that only writes takes none)
+    with db.transaction() as other:  # lands after it
         other.upsert("accounts", [{"account": "alice", "balance": 99}])
         other.insert("log", [{"event": "new"}])
     assert t.get("accounts", ("alice",)) == {"account": "alice", "balance": 10}

@@ -364,11 +364,14 @@ class TxnsHandle:
         metadata: Mapping[str, Any] | None = None,
         register: tuple[str, ...] = (),
         expect_upper: int | None = None,
+        extra_records: list[tuple[str, Mapping[str, int], Mapping[str, Any]]] = (),  # type: ignore[assignment]
     ) -> int:
         """Commit ``adds`` (and retract ``tidy``) at ``ts``; return the commit time. Used by ``Txn.commit_at``.
 
         ``register``: fresh data shards (schemas recorded) registered at
         ``ts`` in the same conditional write, unless registered already.
+        ``extra_records``: ``(txn_id, rows per data shard, metadata)`` of
+        transactions joined into this write (group commit), each recorded too.
         ``expect_upper``: commit only if the txns upper is exactly this
         (TimestampUnavailable otherwise), so whatever the caller checked as
         of ``expect_upper - 1`` still holds at ``ts``: nothing commits between.
@@ -442,7 +445,9 @@ class TxnsHandle:
                     Entry(ts, d, b"").update(ts, 1) for d in register if not self.cache.registered_at(d, ts)
                 ]
                 if record and txn_id is not None:
-                    updates += self._record_updates(txn_id, ts, tables or {}, metadata or {})
+                    updates += self._record_updates(
+                        [(txn_id, tables or {}, metadata or {}), *extra_records], ts
+                    )
                 # SUBTLE: retract only entries present as of `upper`; the CaA below
                 # fails if anything (another tidy included) landed since.
                 updates += [e.update(ts, -1) for e in tidy.entries if self.cache.present(e)]
@@ -470,12 +475,14 @@ class TxnsHandle:
                     f"the txns shard; register it at a time >= {du - 1}. Nothing was committed"
                 )
 
-    def _record_updates(self, txn_id: str, ts: int, tables: Mapping[str, int], metadata: Mapping[str, Any]) -> list:
-        """The txns-shard updates adding ``txn_id``'s commit record at ``ts`` (registering the commits shard if new)."""
+    def _record_updates(self, records: list[tuple[str, Mapping[str, int], Mapping[str, Any]]], ts: int) -> list:
+        """The txns-shard updates adding these commit records at ``ts`` (registering the commits shard if new)."""
         w = self.data_writer(self.commits_id)
-        row = ((txn_id,), (ts, int(time.time() * 1000), encode_info(dict(tables), dict(metadata))))
-        batch = w.batch([(row, ts, 1)], ts, ts + 1)  # inline: no blob write
-        updates = [Entry(ts, self.commits_id, batch.to_bytes()).update(ts, 1)]
+        now_ms = int(time.time() * 1000)
+        updates = []
+        for txn_id, tables, metadata in records:  # a batch each: each is inline (bounded metadata), no blob write
+            row = ((txn_id,), (ts, now_ms, encode_info(dict(tables), dict(metadata))))
+            updates.append(Entry(ts, self.commits_id, w.batch([(row, ts, 1)], ts, ts + 1).to_bytes()).update(ts, 1))
         if not self.cache.registered_at(self.commits_id, ts):
             # Registered in the same write as its first record. Its upper is
             # still 0 (nothing writes it outside commits), so registering at ts is valid.

@@ -98,6 +98,7 @@ class Txn:
         self._batches: dict[str, list[Batch]] = {}
         self._tidy = Tidy()
         self._register: set[str] = set()  # fresh data shards this commit registers
+        self._joined: list[Txn] = []  # transactions committed in this one's write (group commit)
         # Whether an earlier commit attempt (here or elsewhere) may have landed.
         # A caller-chosen id may have been committed by anyone already.
         self._uncertain = txn_id is not None
@@ -179,6 +180,20 @@ class Txn:
         data_id = str(data_id)
         self._handle.data_schema(data_id)  # NotRegistered if it has no schema yet
         self._register.add(data_id)
+
+    def join(self, others: list[Txn]) -> None:
+        """Commit ``others`` in this transaction's conditional write too (a group commit), each keeping its identity.
+
+        Their batches ride along and each gets its own commit record (its id,
+        metadata and row counts), so each is found by its id as if committed
+        alone. Replaces any earlier join (a group that changed is re-joined);
+        ``others`` are not modified and are not marked committed. Only
+        transactions that register nothing and tidy nothing may join.
+        """
+        for o in others:
+            if o is self or o._register or o._tidy.entries:
+                raise InvalidUsage("a joined transaction must be another one that registers and tidies nothing")
+        self._joined = list(others)
 
     def tidy(self, tidy: Tidy) -> None:
         """Retract these applied entries as part of this transaction's commit."""
@@ -288,14 +303,23 @@ class Txn:
         self._bind(handle)
         handle.prepare_commit()
         self._finish_builders()  # a failure here leaves the transaction committable
-        data_ids = tuple(sorted(self._batches))
+        for o in self._joined:
+            o._finish_builders()
+        members = [self, *self._joined]
+        data_ids = tuple(sorted({d for m in members for d in m._batches}))
         adds = [
             Entry(commit_ts, d, b.rewrite_ts(commit_ts, upper=commit_ts + 1).to_bytes())
-            for d in data_ids
-            for b in self._batches[d]
+            for m in members
+            for d in sorted(m._batches)
+            for b in m._batches[d]
             if b.rows
         ]
-        tables = {d: sum(b.rows for b in self._batches[d]) for d in data_ids}
+        tables = {d: sum(b.rows for b in self._batches[d]) for d in sorted(self._batches)}
+        extra = [
+            (o.id, {d: sum(b.rows for b in bs) for d, bs in sorted(o._batches.items())}, o.metadata)
+            for o in self._joined
+            if any(b.rows for bs in o._batches.values() for b in bs)
+        ]
         with operation("commit") as op:
             if self._uncertain:
                 op.may_have_written = True  # an earlier attempt may have landed
@@ -312,6 +336,7 @@ class Txn:
                     metadata=self.metadata,
                     register=tuple(sorted(self._register)),
                     expect_upper=expect_upper,
+                    extra_records=extra,
                 )
             except BaseException:
                 if op.may_have_written:

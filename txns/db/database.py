@@ -91,7 +91,7 @@ from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.handle import TxnsHandle
-from txns.txn import Txn, TxnApply
+from txns.txn import Tidy, Txn, TxnApply
 
 if TYPE_CHECKING:
     from txns.db.read_txn import ReadTransaction
@@ -132,6 +132,33 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception as e:  # noqa: BLE001 - an optimization only; the caller's later steps do it again
         log.debug("%s%r deferred: %s", getattr(fn, "__name__", fn), args, e)
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    """A commit waiting in the group-commit queue, and its outcome once settled."""
+
+    txn: Txn
+    written: dict[str, int]
+    reads: ReadSet
+    names: Mapping[str, TableEntry]
+    read_ts: int | None
+    isolation: str | None
+    writes: ReadSet
+    done: bool = False
+    result: tuple[int, int | None] | None = None
+    error: BaseException | None = None
+
+
+def _overlaps(reads: ReadSet, wrote: Mapping[str, set[tuple] | None]) -> bool:
+    """Whether anything read is among what was written (per data shard: a key in both, or a whole table)."""
+    for d, keys in reads.items():
+        if d not in wrote:
+            continue
+        w = wrote[d]
+        if keys is None or w is None or not keys.isdisjoint(w):
+            return True
+    return False
 
 
 def _missing_file_dir(url: str) -> str | None:
@@ -217,6 +244,11 @@ class Database:
         }
         self._url = url
         self._lock = threading.RLock()
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Pending] = []  # commits waiting for a group (see _commit)
+        #: group commits made (each one conditional write) and transactions they carried (diagnostics)
+        self.group_commits = 0
+        self.grouped_transactions = 0
         schemas = self._write_system_schemas() if new else []
         # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
         self.handle = TxnsHandle.open(client, root.txns_id)
@@ -625,6 +657,149 @@ class Database:
                     ts = max(e.upper, self._now_ts())
 
     def _commit(
+        self,
+        txn: Txn,
+        validate: Callable[[int], dict[str, TableEntry]] | None,
+        written: Mapping[str, int] | None = None,
+        *,
+        reads: ReadSet | None = None,
+        names: Mapping[str, TableEntry] | None = None,
+        read_ts: int | None = None,
+        isolation: str | None = None,
+        writes: ReadSet | None = None,
+    ) -> tuple[int, int | None]:
+        """Commit ``txn`` once durable; return its commit time and the time its reads hold at.
+
+        A transaction with DDL (``validate``) commits alone (:meth:`_commit_alone`).
+        The others go through a **group commit**: each joins a queue, and
+        whoever holds the database's lock next commits every queued
+        transaction that fits in one conditional write (:meth:`_commit_group`);
+        a transaction already committed by another thread's group just
+        returns. ``writes``: what it wrote (data shard -> primary keys, or None
+        for the whole table), so a group never holds a transaction that read
+        what an earlier member writes.
+        """
+        if validate is not None:
+            return self._commit_alone(
+                txn, validate, written, reads=reads, names=names, read_ts=read_ts, isolation=isolation
+            )
+        p = _Pending(txn, dict(written or {}), reads or {}, names or {}, read_ts, isolation, writes or {})
+        with self._queue_lock:
+            self._queue.append(p)
+        while not p.done:
+            with self._lock:
+                if not p.done:
+                    with self._queue_lock:
+                        members = [q for q in self._queue if not q.done]
+                    try:
+                        self._commit_group(members)
+                    finally:
+                        with self._queue_lock:
+                            self._queue = [q for q in self._queue if not q.done]
+        if p.error is not None:
+            raise p.error
+        assert p.result is not None
+        return p.result
+
+    def _commit_group(self, members: list[_Pending]) -> None:
+        """Commit as many of ``members`` (in order) as fit in one conditional write; settle each one's outcome.
+
+        Under the database's lock. A member joins the group unless it read
+        something an earlier member of the group writes (it waits for the
+        next group then; the first member always joins). A member that read
+        (``reads``) is validated against every commit since its read time
+        (:func:`txns.db.validation.conflict`): changed, it fails with
+        ``TransactionConflict``. The group commits with the first member's
+        core transaction, the others joined to it (``Txn.join``: one
+        conditional write, one commit record each), and expects the txns
+        upper it validated at when any member read. Serializable: in the
+        write, members read nothing earlier members wrote, so the group order
+        is a serial order at the one commit time. A taken time re-validates
+        and re-forms the group (the failed write can no longer land: it
+        expected an upper that has passed).
+        """
+        cache = self.handle.cache
+        tidy = self._applier.take_tidy()
+        group: list[_Pending] | None = None
+        base: Txn | None = None
+        expect: int | None = None
+        uncertain_tries = 0
+        while True:
+            if group is None:
+                group = self._form_group(members, cache.frontier)
+                if not group:
+                    return
+                if base is not None:
+                    base.join([])
+                    base._tidy = Tidy()
+                base = group[0].txn
+                base.join([q.txn for q in group[1:]])
+                base.tidy(tidy)
+                expect = cache.frontier if any(q.reads for q in group) else None
+            assert base is not None
+            oracle = self.oracle(group[0].isolation)
+            ts = max(cache.frontier if expect is None else expect, oracle.write_ts())
+            try:
+                applied = base.commit_at(self.handle, ts, expect_upper=expect)
+            except TimestampUnavailable as e:
+                for o in self._oracles.values():
+                    o.observe(e.upper - 1)
+                if expect is not None:
+                    group = None  # re-validate, re-form
+                continue
+            except Indeterminate as e:
+                uncertain_tries += 1
+                if uncertain_tries > UNCERTAIN_RETRIES:
+                    self._settle_failed(group, e)
+                    return
+                backoff(uncertain_tries)
+                continue
+            except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
+                self._settle_failed(group, e)
+                return
+            break
+        assert group is not None and base is not None
+        for o in self._oracles.values():
+            o.observe(applied.commit_ts)
+        written: dict[str, int] = {}
+        for q in group:
+            written.update(q.written)
+            q.result = (applied.commit_ts, q.read_ts)
+            q.done = True
+        self.group_commits += 1
+        self.grouped_transactions += len(group)
+        self._applier.submit(applied.commit_ts, written)
+
+    def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
+        """The members that commit together at ``upper``: validated, and none reading what an earlier one writes."""
+        group: list[_Pending] = []
+        wrote: dict[str, set[tuple] | None] = {}
+        for q in members:
+            if q.done:
+                continue
+            if q.reads:
+                assert q.read_ts is not None
+                why = conflict(self, q.reads, q.names, q.read_ts + 1, upper - 1)
+                if why is not None:
+                    q.error = TransactionConflict(f"{why}; nothing was committed")
+                    q.done = True
+                    continue
+                if group and _overlaps(q.reads, wrote):
+                    continue  # it reads what an earlier member writes: the next group
+                q.read_ts = upper - 1  # what it read holds up to the upper
+            group.append(q)
+            for d, keys in q.writes.items():
+                if d in wrote and wrote[d] is None:
+                    continue
+                wrote[d] = None if keys is None else (wrote.get(d) or set()) | keys
+        return group
+
+    def _settle_failed(self, group: list[_Pending], e: BaseException) -> None:
+        for q in group:
+            q.error = e
+            q.done = True
+
+    def _commit_alone(
         self,
         txn: Txn,
         validate: Callable[[int], dict[str, TableEntry]] | None,

@@ -6,22 +6,28 @@ through Arrow (the table's key column types), so a key the user gives and a
 key read from the table compare equal exactly when the stored values do.
 
 A point read (:func:`committed_rows`) plans the table's snapshot like any
-read and pushes the key equality into every Parquet read (one key: an
-equality per key column; several: an ``isin`` per column, matched exactly
-afterwards), so only the rows of those keys are decoded. A keyed table's
-data shard sorts by the primary key first, so a part's row-group statistics
-skip it unless the key may be in it.
+read, drops the parts whose key bounds (``PartRef.lo``/``hi``: of the data
+shard's first key column, which is the first primary key column) exclude
+the first key column of every key asked (:func:`prune_plan`; parts without
+bounds, and inline rows, are always read), and pushes the key equality into
+every remaining Parquet read (one key: an equality per key column; several:
+an ``isin`` per column, matched exactly afterwards), so only the parts that
+may hold those keys are fetched and only their rows are decoded. A keyed
+table's data shard sorts by the primary key first, so a part's row-group
+statistics skip it unless the key may be in it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import SchemaMismatch
+from persist import SchemaMismatch, SnapshotPlan
+from persist.parts import bound_value, prune_runs
 from txns.db.arrow_io import arrow_pieces, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import InvalidPrimaryKey
@@ -158,11 +164,38 @@ def key_filter(e: TableEntry, keys: Collection[Key]) -> pc.Expression:
     return expr
 
 
-def read_at(db: Database, e: TableEntry, ts: int, columns: list[str], expr: pc.Expression | None) -> pa.Table:
-    """``e``'s rows at ``ts`` (projected, filtered in the Parquet reads), in ``columns``' order and types."""
+def prune_plan(e: TableEntry, plan: SnapshotPlan, keys: Collection[Key]) -> SnapshotPlan:
+    """``plan`` without the parts that cannot hold any of ``keys`` (by their first key column's bounds).
+
+    A keyed table's data shard key starts with the primary key, so a part's
+    bounds (:class:`persist.parts.PartRef`) are those of ``keys``' first
+    values. Parts without bounds and inline rows are kept.
+    """
+    pk = require_keyed(e, "a keyed read")
+    typ = e.schema.field(pk[0]).type
+    runs = prune_runs(plan.runs, (bound_value(pa.scalar(k[0], typ)) for k in keys))
+    return plan if runs == plan.runs else replace(plan, runs=runs)
+
+
+def read_at(
+    db: Database,
+    e: TableEntry,
+    ts: int,
+    columns: list[str],
+    expr: pc.Expression | None,
+    keys: Collection[Key] | None = None,
+) -> pa.Table:
+    """``e``'s rows at ``ts`` (projected, filtered in the Parquet reads), in ``columns``' order and types.
+
+    ``keys``: the read wants only rows with these primary keys (``expr``
+    selects at least them), so parts whose bounds exclude them all are not
+    read (:func:`prune_plan`).
+    """
     cfg = db.client.config
 
     def read(plan: Any) -> pa.Table:
+        if keys is not None:
+            plan = prune_plan(e, plan, keys)
         return read_table(PlanReader(db.client.blob, plan, columns, expr, cfg.retry_deadline_s))
 
     out: pa.Table = db.with_replan(e, ts, read)
@@ -172,14 +205,15 @@ def read_at(db: Database, e: TableEntry, ts: int, columns: list[str], expr: pc.E
 def committed_rows(db: Database, e: TableEntry, ts: int, keys: Iterable[Key]) -> dict[Key, list[dict[str, Any]]]:
     """The rows of ``e`` at ``ts`` by primary key, for each of ``keys`` (a row repeated by its multiplicity).
 
-    Normally at most one row per key. Only the rows of ``keys`` are decoded
+    Normally at most one row per key. Only the parts whose key bounds may
+    hold one of ``keys`` are fetched, and only the rows of ``keys`` decoded
     (the key filter is pushed into every Parquet read).
     """
     wanted = set(keys)
     if not wanted:
         return {}
     pk = require_keyed(e, "a keyed read")
-    table = read_at(db, e, ts, list(e.schema.names), key_filter(e, wanted))
+    table = read_at(db, e, ts, list(e.schema.names), key_filter(e, wanted), wanted)
     out: dict[Key, list[dict[str, Any]]] = {k: [] for k in wanted}
     for row in table.to_pylist():
         k = tuple(row[n] for n in pk)
@@ -221,6 +255,7 @@ __all__ = [
     "key_schema",
     "keys_from_values",
     "keys_of",
+    "prune_plan",
     "read_at",
     "require_keyed",
     "row_keys",

@@ -55,7 +55,15 @@ from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, PersistErr
 from txns.db import clock
 from txns.db.arrow_io import check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
-from txns.db.errors import DuplicateKey, InvalidPrimaryKey, RowNotFound, TableExists, TableNotFound, TransactionClosed
+from txns.db.errors import (
+    DuplicateKey,
+    InvalidPrimaryKey,
+    RowNotFound,
+    TableExists,
+    TableNotFound,
+    TransactionClosed,
+    TransactionConflict,
+)
 from txns.db.keyed import (
     Key,
     committed_rows,
@@ -107,8 +115,11 @@ class CommitInfo:
 class Transaction:
     """DDL, writes and reads to commit atomically. Get one with ``Database.transaction()``.
 
-    Reads happen at ``_read_ts`` (the latest time when the transaction
-    began) with the transaction's own writes applied. ``_read_set`` records
+    Reads happen at ``_read_ts``, taken from the isolation level's oracle at
+    the first read (a transaction that only writes takes none, so it costs
+    no request beyond its commit), with the transaction's own writes
+    applied. Until then, table names resolve against the catalog as this
+    process last saw it; the first read re-resolves them at ``_read_ts``. ``_read_set`` records
     what was read, for validation at commit: data shard id -> the set of
     primary-key tuples read by ``get`` / ``update`` / ``upsert`` / ``delete``
     / keyed ``insert`` and ``retract`` (keys found absent included), or None
@@ -130,8 +141,10 @@ class Transaction:
             raise InvalidUsage(f"metadata must be JSON-serializable (str keys, JSON values): {e}") from None
         self._db = db
         self._isolation = isolation
-        self._read_ts = db.oracle(isolation).read_ts()
-        self._view: dict[str, TableEntry] = dict(db.catalog(self._read_ts).tables)
+        self._read_ts: int | None = None  # taken at the first read (see _reads_at)
+        cached = db.cached_latest()
+        self._view_ts = cached if cached is not None else db.latest()
+        self._view: dict[str, TableEntry] = dict(db.catalog(self._view_ts).tables)
         self._ops: list[tuple[str, TableEntry | None, TableEntry | None]] = []
         self._new: dict[str, TableEntry] = {}  # data_id -> entry, for tables created here
         self._writers: dict[str, WriteHandle] = {}  # writers of tables created here (not registered yet)
@@ -380,10 +393,42 @@ class Transaction:
         t = t.append_column("n", pa.repeat(pa.scalar(n, pa.int64()), t.num_rows))
         return t.append_column("asked", pa.repeat(pa.scalar(asked, pa.int8()), t.num_rows))
 
+    def _reads_at(self) -> int:
+        """The read timestamp: taken from the oracle at the first read; the table names re-resolved there.
+
+        Raises TransactionConflict if this transaction's own DDL so far no
+        longer fits the catalog at that time (another transaction's DDL
+        came in between): nothing was committed.
+        """
+        if self._read_ts is not None:
+            return self._read_ts
+        ts = self._db.oracle(self._isolation).read_ts()
+        if ts != self._view_ts:
+            if self._ops:
+                try:
+                    view = self._validate(ts)
+                except (TableExists, TableNotFound) as e:
+                    raise TransactionConflict(f"{e} (seen at this transaction's first read)") from None
+            else:
+                view = dict(self._db.catalog(ts).tables)
+            self._check_writes_still_named(view)
+            self._view, self._view_ts = view, ts
+        self._read_ts = ts
+        return ts
+
+    def _check_writes_still_named(self, view: dict[str, TableEntry]) -> None:
+        """TransactionConflict if a table this transaction wrote is no longer in ``view`` under the same name."""
+        for name, e in self._view.items():
+            if e.data_id in self._counts and (name not in view or view[name].data_id != e.data_id):
+                raise TransactionConflict(
+                    f"table {name!r}, which this transaction wrote, was dropped or renamed meanwhile; "
+                    f"nothing was committed"
+                )
+
     def _committed_matching(self, e: TableEntry, rows: pa.Table) -> pa.Table:
         """The committed rows of ``e`` (at the read time) that may equal one of ``rows`` (filter pushed down)."""
         db = self._db
-        ts = self._read_ts
+        ts = self._reads_at()
         self._note_scan(e)
         cur = db.catalog(ts).by_data_id().get(e.data_id)
         if cur is None:
@@ -569,7 +614,7 @@ class Transaction:
         """``e``'s committed rows at the read time (projected, filtered); none for a table created here."""
         if e.data_id in self._new:
             return pa.schema([e.schema.field(c) for c in cols]).empty_table()
-        return read_at(self._db, e, self._read_ts, cols, expr)
+        return read_at(self._db, e, self._reads_at(), cols, expr)
 
     def _keyed_input(self, e: TableEntry, data: object) -> pa.Table:
         """``data`` conformed to ``e``'s schema, in memory (within ``KEYED_WRITES_BYTES``)."""
@@ -660,7 +705,7 @@ class Transaction:
         out = {k: cache[k] for k in keys if k in cache}
         missing = [k for k in keys if k not in out]
         if missing:
-            found = committed_rows(self._db, e, self._read_ts, missing)
+            found = committed_rows(self._db, e, self._reads_at(), missing)
             out.update(found)
             if self._key_cache_size + len(found) > KEY_CACHE_KEYS:
                 self._key_cache, self._key_cache_size = {}, 0  # (bounded: start over)
@@ -853,7 +898,12 @@ class Transaction:
                 txn.write(db.root.catalog_id, e.key(), (), n)
             known = [*self._view.values(), *(x for _, a, b in self._ops for x in (a, b) if x is not None)]
             written = {e.data_id: e.created_ms for e in known if e.data_id in self._batches}
-            names = {n: e for n, e in db.catalog(self._read_ts).tables.items() if e.data_id in self._read_set}
+            reading = self._read_ts is not None and bool(self._read_set)
+            names = (
+                {n: e for n, e in db.catalog(self._read_ts).tables.items() if e.data_id in self._read_set}
+                if reading and self._read_ts is not None
+                else {}
+            )
             ts, self._read_ts = db._commit(
                 txn,
                 self._validate if self._ops else None,
@@ -862,6 +912,7 @@ class Transaction:
                 names=names,
                 read_ts=self._read_ts,
                 isolation=self._isolation,
+                writes={d: (set(self._own[d]) if d in self._own else None) for d in self._batches},
             )
             committed = True
         except Indeterminate:

@@ -12,7 +12,8 @@ nothing it read changed in between; :func:`conflict` decides that:
 - per table it scanned: any commit that wrote the table in between;
 - per key it read: a commit in between whose updates touch that key (the
   txns cache says which commits wrote the table; only those are read, with
-  the key pushed into the Parquet reads);
+  parts whose key bounds exclude the keys skipped, the key pushed into
+  the Parquet reads);
 - per table it read by name: the catalog entry of that name must be the
   same table (same data shard) at both times (a drop, rename or re-create
   in between changes what the name means).
@@ -84,7 +85,7 @@ def writes_in(cache: Any, data_id: str, lo: int, hi: int) -> set[int]:
 
 def _keys_written(db: Database, e: TableEntry, keys: set[tuple], lo: int, hi: int) -> bool:
     """Whether a commit in ``[lo, hi]`` updated one of the primary ``keys`` of ``e``."""
-    from txns.db.keyed import key_filter
+    from txns.db.keyed import key_filter, prune_plan
 
     pk = list(e.primary_key or ())
     cfg = db.client.config
@@ -92,7 +93,8 @@ def _keys_written(db: Database, e: TableEntry, keys: set[tuple], lo: int, hi: in
     def read(plan: object) -> pa.Table:
         # every column: an update of a key retracts and adds rows that cancel in a key-only projection
         cols = list(e.schema.names)
-        return read_changes(db.client.blob, plan, lo, cols, cfg.retry_deadline_s, key_filter(e, keys))  # type: ignore[arg-type]
+        pruned = prune_plan(e, plan, keys)  # type: ignore[arg-type]  # parts that cannot hold the keys: not read
+        return read_changes(db.client.blob, pruned, lo, cols, cfg.retry_deadline_s, key_filter(e, keys))
 
     changes: pa.Table = db.with_replan(e, hi, read)
     if changes.num_rows == 0:

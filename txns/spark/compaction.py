@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from persist import InvalidUsage, PersistClient, Schema, ShardId
 from persist.compact import apply_merged
-from persist.parts import PartRef, Run, apply_rewrite
+from persist.parts import Run, apply_rewrite
 from persist.state import HollowBatch
 from txns.spark._common import (
     arrow_schema,
@@ -44,7 +44,7 @@ from txns.spark._common import (
     task_frame,
     task_tables,
 )
-from txns.spark.write import PART_ROWS, write_tables
+from txns.spark.write import PART_ROWS, part_refs, write_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -136,7 +136,7 @@ def _merge(
         raise
     if not rows:
         return ()
-    refs = tuple(sorted((PartRef(r["key"], r["rows"], r["size"], r["crc"]) for r in rows), key=lambda p: p.key))
+    refs = part_refs(rows)
     single_time = min(r["min_ts"] for r in rows) == max(r["max_ts"] for r in rows)
     return (Run(parts=refs, rows=sum(p.rows for p in refs), distinct_kv=single_time),)
 

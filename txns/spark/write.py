@@ -9,7 +9,7 @@ Protocol of :func:`write_batch`:
    its Arrow batches to a :class:`persist.BatchBuilder` (no inline rows),
    which writes sorted Parquet parts of the target size straight into blob
    storage (memory per task stays near ``part_target_bytes * 3``). It returns
-   one small row per part: key, rows, size, CRC-32C.
+   one small row per part: key, rows, size, CRC-32C, key bounds.
 3. The driver collects those rows (never data) into a :class:`persist.Batch`
    with times ``[0, 1)``, ready for ``Txn.write_batch``: committing
    re-timestamps it to the commit time without rewriting anything.
@@ -25,6 +25,7 @@ of other tasks may then be left, as above).
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-PART_ROWS = "key string, rows long, size long, crc long, min_ts decimal(20,0), max_ts decimal(20,0)"
-"""What a writing task returns: one row per part it wrote, with the range of its update times."""
+PART_ROWS = "key string, rows long, size long, crc long, min_ts decimal(20,0), max_ts decimal(20,0), bounds string"
+"""What a writing task returns: one row per part it wrote, with the range of its update times
+and its key bounds (``PartRef.lo``/``hi`` as a JSON list, or null)."""
 
 UPLOAD_PARALLELISM = 2
 """Parts a task uploads at once (while it buffers the next)."""
@@ -80,9 +82,19 @@ def write_batch(
     except Exception as e:
         raise_from_spark(e)
         raise
-    refs = tuple(sorted((PartRef(r["key"], r["rows"], r["size"], r["crc"]) for r in rows), key=lambda p: p.key))
+    refs = part_refs(rows)
     runs = (Run(parts=refs, rows=sum(p.rows for p in refs)),) if refs else ()
     return Batch(shard_id=data_id, id=uuid.uuid4().hex, lower=0, upper=1, runs=runs, schema_text=schema.to_text())
+
+
+def part_refs(rows: list) -> tuple[PartRef, ...]:
+    """The part descriptors of :data:`PART_ROWS` rows (collected on the driver), by key."""
+    refs = (PartRef(r["key"], r["rows"], r["size"], r["crc"], *json.loads(r["bounds"] or "[null, null]")) for r in rows)
+    return tuple(sorted(refs, key=lambda p: p.key))
+
+
+def _bounds_json(p: PartRef) -> str | None:
+    return None if p.lo is None and p.hi is None else json.dumps([p.lo, p.hi])
 
 
 # ---- checking columns on the driver ---------------------------------------------------------
@@ -207,5 +219,6 @@ def write_tables(
                 "crc": [p.crc for p in parts],
                 "min_ts": pa.array([lo] * len(parts), pa.decimal128(20, 0)),
                 "max_ts": pa.array([hi] * len(parts), pa.decimal128(20, 0)),
+                "bounds": pa.array([_bounds_json(p) for p in parts], pa.string()),
             }
         )
