@@ -913,11 +913,13 @@ class Database:
         waits for, nor repeats, the background apply, and never fills time.
         Exact because:
 
-        - the data shard's state is read after the txns cache (``latest()``
-          and ``resolve()`` sync it): an entry the cache saw tidied was
-          applied before that, so it is in the state, and every entry at or
-          above the state's upper is unapplied there and still present in the
-          cache (tidy follows apply);
+        - any state of the data shard, however old, holds exactly the
+          commits below its upper, so it plus the log's entries at or above
+          its upper up to ``ts`` is the snapshot, when the cache still holds
+          an entry for every write time it knows in that range (no request:
+          the cached state is used first); when one was tidied meanwhile it
+          was applied, so the state is read afresh (after the txns cache,
+          which ``latest()`` and ``resolve()`` sync) and holds it;
         - a data upper past a commit time means that commit is applied
           (txns invariant 2), so entries below the upper are not read twice;
         - below the txns cache's since every write is applied (txns
@@ -932,20 +934,27 @@ class Database:
             return None
         w = self.handle.data_writer(data_id)
         state = w.machine.state()
-        if state.upper <= ts and (ts < cache.since or writes_in(cache, data_id, state.upper, ts)):
-            # (read after the cache; without a write in [upper, ts] the cached state is the snapshot)
-            state = w.machine.fetch()
-        if ts < state.since:
-            raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
-        runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
-        if state.upper <= ts and ts >= cache.since:
+        if state.upper <= ts and ts < cache.since:
+            state = w.machine.fetch()  # (below the cache's since it cannot name the writes in [upper, ts])
+        for fresh in (False, True):
+            if fresh:
+                # Some writes in [upper, ts] were tidied from the log since this
+                # state was cached: they are applied. Read the shard afresh (after
+                # the cache, so whatever it applied since is in it).
+                state = w.machine.fetch()
+            if ts < state.since:
+                raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
+            runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
+            if state.upper > ts or ts < cache.since:
+                return SnapshotPlan(data_id, ts, tuple(runs), w.schema)
             due = writes_in(cache, data_id, state.upper, ts)
-            if due:
-                pending = sorted(e for e in cache.entries if e.data_id == data_id and e.batch and state.upper <= e.ts <= ts)
-                if {e.ts for e in pending} != due:
-                    return None
+            pending = sorted(e for e in cache.entries if e.data_id == data_id and e.batch and state.upper <= e.ts <= ts)
+            if {e.ts for e in pending} == due:
+                # A cached state, even an old one, plus the log's entries from its upper
+                # on is exact: entries at or above its upper are not in it.
                 runs += [r for e in pending for r in e.decode_batch().runs if r.rows]
-        return SnapshotPlan(data_id, ts, tuple(runs), w.schema)
+                return SnapshotPlan(data_id, ts, tuple(runs), w.schema)
+        return None
 
     def _below(self, entry: TableEntry, ts: int, since: int) -> ReadBelowSince:
         try:  # the retention in force now (the entry may be from the catalog of long ago)
