@@ -129,6 +129,21 @@ def note_write() -> None:
 
 
 @contextlib.contextmanager
+def aside() -> Iterator[None]:
+    """Run a block whose writes are not part of the enclosing operation (they cannot change its outcome).
+
+    For housekeeping done while an operation runs, such as renewing a
+    reader's lease: a write there does not make the operation's result
+    uncertain. Inside, a nested :func:`operation` starts afresh.
+    """
+    token = _OPERATION.set(None)
+    try:
+        yield
+    finally:
+        _OPERATION.reset(token)
+
+
+@contextlib.contextmanager
 def operation(what: str) -> Iterator[WriteTracker]:
     """Run one user-visible operation under the outcome rule.
 

@@ -469,3 +469,23 @@ def test_a_cache_catching_up_from_a_stale_state_survives_compaction_and_gc() -> 
     h2.read_cache().sync_cached()
     assert h2.read_cache().frontier == h1.upper
     assert len(h2.snapshot(d, h1.upper - 1)) == 160
+
+
+def test_a_lease_renewal_during_a_commit_does_not_make_it_uncertain(tmp_path) -> None:
+    """The txns cache moves its hold (a write) while catching up inside a commit attempt: that attempt,
+    losing its race, did not write, so the transaction must stay certain (no look-ups, no Indeterminate)."""
+    client = PersistClient.open(f"file://{tmp_path}/loc")
+    txns_id = new_id()
+    h, other = TxnsHandle.open(client, txns_id), TxnsHandle.open(PersistClient.open(f"file://{tmp_path}/loc"), txns_id)
+    d = new_id()
+    h.register(1, {d: SCHEMA})
+    other.begin().commit_at(other, 5)  # h's cache is now behind: its commit at 3 loses and catches up
+    assert h.cache.reader is not None
+    h.cache.reader.heartbeat_due = lambda: True  # the catch-up moves the hold (a write to the txns shard)
+    txn = h.begin()
+    txn.write(d, (1,), ("v",), 1)
+    with pytest.raises(Exception) as e:
+        txn.commit_at(h, 3)
+    assert type(e.value).__name__ == "TimestampUnavailable"
+    assert txn._uncertain is False  # the hold move is not the commit's write
+    assert txn.commit_at(h, 6).commit_ts == 6

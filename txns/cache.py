@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import CorruptObject, ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout
+from persist.errors import aside
 from persist.parts import MissingPart, consolidate
 from persist.read import batch_tables, fetch_plan, plan_at, to_updates
 from persist.state import ShardState
@@ -212,7 +213,9 @@ class TxnsCache:
         # Best effort: catching up must not fail for it (a lapsed lease restarts the cache).
         if self.reader is not None and self.reader.heartbeat_due():
             try:
-                self.advance_hold()
+                # (housekeeping: a commit attempt that catches up here has not written by it)
+                with aside():
+                    self.advance_hold()
             except (ExternalError, LeaseExpired) as e:
                 log.debug("renewing the txns cache's hold deferred: %s", e)
 

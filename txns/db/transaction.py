@@ -482,17 +482,9 @@ class Transaction:
         e = self._entry(table)
         require_keyed(e, "upsert")
         check_input(data, table)
-        rows = self._keyed_input(e, data)
+        rows, keys, cur = self._keyed_rows(e, data, "an upsert takes one row per key. Nothing was upserted")
         if rows.num_rows == 0:
             return 0
-        keys = row_keys(e, rows)
-        dup = first_repeat(keys)
-        if dup is not None:
-            raise DuplicateKey(
-                f"table {e.name!r}: the data has key {describe_key(e, dup)} more than once; an upsert takes "
-                f"one row per key. Nothing was upserted"
-            )
-        cur = self._current(e, keys)
         new = rows.to_pylist()
         changed = [i for i, (k, r) in enumerate(zip(keys, new, strict=True)) if cur[k] != [r]]
         old = [r for i in changed for r in cur[keys[i]]]
@@ -635,18 +627,26 @@ class Transaction:
                 f"split them into several transactions. Nothing of this call was written"
             )
 
-    def _insert_keyed(self, e: TableEntry, data: object) -> int:
+    def _keyed_rows(
+        self, e: TableEntry, data: object, why: str
+    ) -> tuple[pa.Table, list[Key], dict[Key, list[dict[str, Any]]]]:
+        """``data`` as rows of keyed table ``e``, their keys, and each key's current rows (read at the read time).
+
+        DuplicateKey (``why`` says what was refused) if a key is twice in ``data``.
+        """
         rows = self._keyed_input(e, data)
         if rows.num_rows == 0:
-            return 0
+            return rows, [], {}
         keys = row_keys(e, rows)
         dup = first_repeat(keys)
         if dup is not None:
-            raise DuplicateKey(
-                f"table {e.name!r}: the data has key {describe_key(e, dup)} more than once; a keyed table holds "
-                f"one row per key. Nothing was inserted"
-            )
-        cur = self._current(e, keys)
+            raise DuplicateKey(f"table {e.name!r}: the data has key {describe_key(e, dup)} more than once; {why}")
+        return rows, keys, self._current(e, keys)
+
+    def _insert_keyed(self, e: TableEntry, data: object) -> int:
+        rows, keys, cur = self._keyed_rows(e, data, "a keyed table holds one row per key. Nothing was inserted")
+        if rows.num_rows == 0:
+            return 0
         there = next((k for k in keys if cur[k]), None)
         if there is not None:
             where = "written earlier in this transaction" if there in self._own.get(e.data_id, {}) else "committed"
