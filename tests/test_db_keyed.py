@@ -373,9 +373,9 @@ def test_get_pushes_the_key_into_the_reads_and_caches(db: txns.Database, monkeyp
     filters: list[Any] = []
     real = keyed_mod.PlanReader
 
-    def spy(blob: Any, plan: Any, columns: Any, filter: Any, deadline: float) -> Any:
+    def spy(blob: Any, plan: Any, columns: Any, filter: Any, deadline: float, cache: Any = None) -> Any:
         filters.append(filter)
-        return real(blob, plan, columns, filter, deadline)
+        return real(blob, plan, columns, filter, deadline, cache)
 
     monkeypatch.setattr(keyed_mod, "PlanReader", spy)
     with db.transaction() as t:

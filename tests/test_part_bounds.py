@@ -35,6 +35,7 @@ from persist.parts import (
     write_part,
 )
 from persist.state import HollowBatch
+from txns.db import keyed
 from txns.db.keyed import committed_rows
 
 
@@ -245,6 +246,8 @@ class GetCounter:
 
 @pytest.fixture
 def many_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[txns.Database, GetCounter]:
+    # (no part cache: every part a get needs is fetched, so the fetches say what it needed)
+    monkeypatch.setattr(keyed, "PART_CACHE", None)
     cfg = PersistConfig(part_target_bytes=1024, inline_max_bytes=0, compaction_enabled=False)
     db = txns.connect(f"file://{tmp_path / 'db'}", config=cfg)
     db.create_table("items", SCHEMA, primary_key=["id", "region"])
@@ -323,3 +326,38 @@ def test_keyed_writes_and_validation_still_right(many_parts: tuple[txns.Database
         t5.upsert("items", [{"note": "t5", "id": 351, "region": "eu"}])
     with pytest.raises(txns.TransactionConflict):
         t4.commit()
+
+
+def test_point_reads_reuse_small_parts_from_the_cache() -> None:
+    from persist.parts import PartRef
+    from txns.db.scan import PartCache
+
+    cache = PartCache(max_bytes=10, item_max_bytes=6)
+    a, b, c = (PartRef(k, 1, 5, 1) for k in "abc")
+    cache.put(a, b"aaaaa")
+    cache.put(b, b"bbbbb")
+    assert cache.get(a) == b"aaaaa"  # a is now the most recently used
+    cache.put(c, b"ccccc")  # over 10 bytes: the least recently used (b) goes
+    assert cache.get(b) is None and cache.get(a) == b"aaaaa" and cache.get(c) == b"ccccc"
+    cache.put(PartRef("big", 1, 7, 1), b"1234567")  # bigger than an item may be: not kept
+    assert cache.get(PartRef("big", 1, 7, 1)) is None
+    assert cache.get(PartRef("a", 1, 5, 2)) is None  # another CRC is another part
+
+
+def test_repeated_point_reads_come_from_the_part_cache(
+    many_parts: tuple[txns.Database, GetCounter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from txns.db.scan import PartCache
+
+    db, counter = many_parts
+    cache = PartCache()
+    monkeypatch.setattr(keyed, "PART_CACHE", cache)
+    counter.parts = 0
+    for _ in range(3):
+        with db.transaction() as t:  # a new transaction each time: its own key cache starts empty
+            assert t.get("items", (155, "eu")) is not None
+    assert counter.parts == 1 and cache.hits == 2  # the part was fetched once, then served from the cache
+    # a scan does not use (nor fill) it
+    hits = cache.hits
+    db.table("items").to_arrow()
+    assert cache.hits == hits

@@ -341,9 +341,14 @@ class Database:
     def latest(self) -> int:
         """The latest timestamp: every commit so far is at or below it (read fresh, never waits)."""
         self._check_open()
+        cache = self.handle.cache
+        # The head read (the network round trip) outside the lock, so concurrent
+        # transactions (and a group commit's leader) do not wait on it; the
+        # machine keeps the newest state read, which the cache then absorbs.
+        cache.machine.fetch()
         with self._lock:
-            self.handle.cache.sync()
-            return self.handle.cache.frontier - 1
+            cache.sync_cached()
+            return cache.frontier - 1
 
     def resolve(self, as_of: AsOf) -> int:
         """``as_of`` (None: latest; a timestamp; a datetime) as a timestamp readable now.

@@ -31,7 +31,7 @@ from persist.parts import bound_value, prune_runs
 from txns.db.arrow_io import arrow_pieces, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import InvalidPrimaryKey
-from txns.db.scan import PlanReader, read_table
+from txns.db.scan import PART_CACHE, PlanReader, read_table
 
 if TYPE_CHECKING:
     from txns.db.database import Database
@@ -189,14 +189,17 @@ def read_at(
 
     ``keys``: the read wants only rows with these primary keys (``expr``
     selects at least them), so parts whose bounds exclude them all are not
-    read (:func:`prune_plan`).
+    read (:func:`prune_plan`), and the parts read come from (and go to) the
+    process's small-part cache (:data:`txns.db.scan.PART_CACHE`).
     """
     cfg = db.client.config
 
     def read(plan: Any) -> pa.Table:
+        cache = None
         if keys is not None:
             plan = prune_plan(e, plan, keys)
-        return read_table(PlanReader(db.client.blob, plan, columns, expr, cfg.retry_deadline_s))
+            cache = PART_CACHE  # point reads read the same small parts again and again
+        return read_table(PlanReader(db.client.blob, plan, columns, expr, cfg.retry_deadline_s, cache))
 
     out: pa.Table = db.with_replan(e, ts, read)
     return out.cast(pa.schema([e.schema.field(c) for c in columns]))

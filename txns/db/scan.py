@@ -42,7 +42,8 @@ largest small relative to it.
 
 from __future__ import annotations
 
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, wait
 from typing import TypeVar
@@ -60,6 +61,10 @@ from txns.db.pool import in_pool, pool
 
 IN_MEMORY_BYTES = 64 << 20
 """Plans up to this many stored bytes are consolidated in memory by ``scan`` (one pass)."""
+PART_CACHE_BYTES = 64 << 20
+"""The most bytes of parts the point-read cache (:data:`PART_CACHE`) keeps."""
+PART_CACHE_ITEM_BYTES = 4 << 20
+"""Parts bigger than this are never cached."""
 READ_PARALLELISM = 8
 """Parts one read fetches, checks and decodes at once (threads)."""
 SCAN_AHEAD = 2
@@ -113,8 +118,56 @@ def _workers(items: list[tuple[Run, PartRef | None]]) -> int:
     return READ_PARALLELISM if sum(ref is not None for _, ref in items) > 1 else 1
 
 
-def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float) -> bytes:
-    """A part's bytes, after checking their size and CRC-32C against its descriptor."""
+class PartCache:
+    """Recently read small parts' checked bytes, least recently used out first; bounded in bytes.
+
+    Parts never change once written (a key is written once, or again with
+    the same bytes by a retry), so a cached part is always right: it is
+    found by its key, size and CRC. For point reads, which read the same
+    small parts again and again; scans do not use it.
+    """
+
+    def __init__(self, max_bytes: int = PART_CACHE_BYTES, item_max_bytes: int = PART_CACHE_ITEM_BYTES) -> None:
+        self.max_bytes, self.item_max_bytes = max_bytes, item_max_bytes
+        self._items: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, ref: PartRef) -> bytes | None:
+        with self._lock:
+            data = self._items.get((ref.key, ref.size, ref.crc))
+            if data is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end((ref.key, ref.size, ref.crc))
+            self.hits += 1
+            return data
+
+    def put(self, ref: PartRef, data: bytes) -> None:
+        if len(data) > self.item_max_bytes:
+            return
+        with self._lock:
+            k = (ref.key, ref.size, ref.crc)
+            if k in self._items:
+                return
+            self._items[k] = data
+            self._bytes += len(data)
+            while self._bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+
+
+PART_CACHE = PartCache()
+"""The process's cache of small parts read by point reads."""
+
+
+def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float, cache: PartCache | None = None) -> bytes:
+    """A part's bytes, after checking their size and CRC-32C against its descriptor (from ``cache`` if there)."""
+    if cache is not None:
+        hit = cache.get(ref)
+        if hit is not None:
+            return hit
     data = get_retrying(blob, ref.key, retry_deadline_s)
     if data is None:
         raise MissingPart(ref.key)
@@ -122,6 +175,8 @@ def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float) -> bytes:
         raise CorruptObject(ref.key, f"size {len(data)} != recorded {ref.size}")
     if crc32c(data) != ref.crc:
         raise CorruptObject(ref.key, "CRC-32C mismatch with the part descriptor")
+    if cache is not None:
+        cache.put(ref, data)
     return data
 
 
@@ -187,8 +242,10 @@ class PlanReader:
         columns: list[str],
         filter: pc.Expression | None,
         retry_deadline_s: float,
+        cache: PartCache | None = None,
     ) -> None:
         self.blob, self.plan = blob, plan
+        self.cache = cache  # (point reads: PART_CACHE)
         self.columns = columns
         self.arrow = plan.schema.arrow  # key columns, ts, diff
         self.out_schema = pa.schema([self.arrow.field(c) for c in columns])
@@ -229,7 +286,7 @@ class PlanReader:
 
     def load(self, ref: PartRef) -> bytes:
         """The part's bytes, checked (size and CRC-32C)."""
-        return load_part(self.blob, ref, self.retry_deadline_s)
+        return load_part(self.blob, ref, self.retry_deadline_s, self.cache)
 
     def part(self, run: Run, ref: PartRef, negative_only: bool = False, data: bytes | None = None) -> pa.Table:
         """The part's rows (fetched and checked first, unless ``data`` are its checked bytes)."""
@@ -454,6 +511,10 @@ def _sortable(t: pa.DataType) -> bool:
 
 __all__ = [
     "IN_MEMORY_BYTES",
+    "PART_CACHE",
+    "PART_CACHE_BYTES",
+    "PART_CACHE_ITEM_BYTES",
+    "PartCache",
     "READ_PARALLELISM",
     "SCAN_AHEAD",
     "SCAN_KEEP",
