@@ -64,16 +64,12 @@ def random_txn(rng: random.Random, keys: int, counter: Counter) -> list[tuple[st
     return plan
 
 
-def run_one(
-    db: txns.Database,
-    plan: list[tuple[str, str, int | None]],
-    process: str,
-    op_id: str,
-    isolation: str,
-    retry: bool = True,
-) -> Op:
-    """Run ``plan`` as one transaction; the recorded op."""
-    mops: list[tuple] = []
+def txn_body(plan: list[tuple[str, str, int | None]], mops: list[tuple]) -> Callable[[txns.Transaction], None]:
+    """The transaction function running ``plan``; each run records its micro-ops in ``mops`` (cleared first).
+
+    So after ``db.run`` returns, ``mops`` holds what the attempt that
+    committed read and appended.
+    """
 
     def body(t: txns.Transaction) -> None:
         mops.clear()
@@ -86,6 +82,25 @@ def run_one(
                 t.upsert(TABLE, [{"k": k, "vals": new}])
                 mops.append(("append", k, v))
 
+    return body
+
+
+def planned_appends(plan: list[tuple[str, str, int | None]]) -> tuple[tuple[str, str, int], ...]:
+    """The append micro-ops ``plan`` makes if it runs to the end (the same values on every run)."""
+    return tuple(("append", k, v) for kind, k, v in plan if kind == "append" and v is not None)
+
+
+def run_one(
+    db: txns.Database,
+    plan: list[tuple[str, str, int | None]],
+    process: str,
+    op_id: str,
+    isolation: str,
+    retry: bool = True,
+) -> Op:
+    """Run ``plan`` as one transaction; the recorded op."""
+    mops: list[tuple] = []
+    body = txn_body(plan, mops)
     start = time.monotonic()
     status, read_ts, commit_ts = "ok", None, None
     try:
@@ -152,4 +167,15 @@ def run_threads(
     return out
 
 
-__all__ = ["Counter", "SCHEMA", "TABLE", "create", "parse", "random_txn", "run_one", "run_threads"]
+__all__ = [
+    "SCHEMA",
+    "TABLE",
+    "Counter",
+    "create",
+    "parse",
+    "planned_appends",
+    "random_txn",
+    "run_one",
+    "run_threads",
+    "txn_body",
+]
