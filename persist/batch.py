@@ -236,6 +236,11 @@ class BatchBuilder:
         """
         if slot.ref is not None:
             return
+        if slot.future is None and self._pool is None:
+            assert slot.table is not None  # a slot keeps its rows until uploaded
+            slot.ref = self._upload(slot.key, slot.table)  # (raises with the rows kept, to upload again)
+            slot.table = None
+            return
         if slot.future is None:
             assert slot.table is not None  # a slot keeps its rows until uploaded
             slot.future = self._submit(slot.key, slot.table)
@@ -273,11 +278,17 @@ class BatchBuilder:
         self._take_rows()
         if not self._slots and self._tables:
             table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
-            inline = encode_inline(table)
-            if len(inline) <= self.inline_max_bytes:
-                self._tables, self._buffered = [], 0
-                return self._done((Run(inline=inline, rows=table.num_rows),))
-        self._flush()
+            # (an encoding is about as big as the buffers: skip encoding what cannot fit)
+            if table.nbytes <= 2 * self.inline_max_bytes:
+                inline = encode_inline(table)
+                if len(inline) <= self.inline_max_bytes:
+                    self._tables, self._buffered = [], 0
+                    return self._done((Run(inline=inline, rows=table.num_rows),))
+            # One part in all: uploaded by this thread (no pool to start), rows kept until it lands.
+            self._tables, self._buffered = [], 0
+            self._slots.append(_Slot(part_key(self.shard_id), table, None))
+        else:
+            self._flush()
         for slot in self._slots:
             self._settle(slot)
         refs = tuple(s.ref for s in self._slots if s.ref is not None)
