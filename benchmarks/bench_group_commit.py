@@ -9,7 +9,7 @@ same workload with group commit switched off (each transaction its own
 write, as before group commit) measured in the same run. Also a
 read-then-write mix (increments of 16 keyed counters through ``db.run``).
 
-S3 is moto behind :class:`persist.fault_proxy.FaultProxy` adding
+S3 is moto (in a child process, so it does not compete for this process's GIL) behind :class:`persist.fault_proxy.FaultProxy` adding
 ``--latency-ms`` before each request (default 20 ms: a same-region S3 round
 trip is 10-30 ms), so waiting on storage, not Python, dominates, as it does
 on real S3.
@@ -33,10 +33,11 @@ import boto3
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import txns  # noqa: E402
+from common import moto_server  # noqa: E402  (moto in a child process: it does not share our GIL)
 from persist.fault_proxy import FaultPlan, FaultProxy  # noqa: E402
-from persist.testing import moto_server  # noqa: E402
 from txns.db import database as database_module  # noqa: E402
 
 BUCKET = "bench-group-commit"

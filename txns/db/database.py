@@ -48,7 +48,7 @@ Invariants:
 
 A ``Database`` is safe to share between threads (one lock serializes its
 use of the txns handle; part reads run outside it; the background worker
-never waits for that lock).
+never takes that lock).
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ class Database:
         self._held_at: dict[str, int] = {}
         self._hold_lock = threading.Lock()  # _holds and _held_at: used by the worker and by compact()
         self._closed = False
-        self._applier = Applier(client, root.txns_id, self._after_apply, maintenance_lock=self._lock)
+        self._applier = Applier(client, root.txns_id, self._after_apply)
         self._ensure_catalog()
 
     def _write_system_schemas(self) -> list[Future[None]]:
