@@ -358,3 +358,55 @@ def test_concurrent_commits_in_one_process_share_conditional_writes(tmp_path: Pa
     meta = [m for m in history.column("metadata").to_pylist() if '"w"' in m]
     assert len(meta) == 80
     db.close()
+
+
+def test_strict_read_times_share_head_reads_but_never_one_started_earlier(tmp_path: Path) -> None:
+    from txns.db.oracle import SharedOracle
+
+    db = _db(tmp_path)
+    _bank(db, {"alice": 1})
+    oracle = SharedOracle(db)
+    real = db.latest
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow_latest() -> int:
+        ts = real()
+        entered.set()
+        release.wait(5)  # a head read in flight, holding an old answer
+        return ts
+
+    db.latest = slow_latest  # type: ignore[method-assign]
+    got: dict[str, int] = {}
+    first = threading.Thread(target=lambda: got.__setitem__("first", oracle.read_ts()))
+    first.start()
+    assert entered.wait(5)
+    db.latest = real  # type: ignore[method-assign]
+    with db.transaction() as t:  # completes while the first head read is still in flight
+        t.upsert("accounts", [{"account": "alice", "balance": 2}])
+    committed = t.commit_info.ts  # type: ignore[union-attr]
+    late = threading.Thread(target=lambda: got.__setitem__("late", oracle.read_ts()))
+    late.start()
+    release.set()
+    first.join(5)
+    late.join(5)
+    assert got["first"] < committed <= got["late"]  # the late caller did not reuse the earlier read
+    # many callers at once share reads (each read takes 50 ms here: they pile up behind it)
+    import time
+
+    def slow(wait: float = 0.05) -> int:
+        time.sleep(wait)
+        return real()
+
+    db.latest = slow  # type: ignore[method-assign]
+    out: list[int] = []
+    threads = [threading.Thread(target=lambda: out.append(oracle.read_ts())) for _ in range(16)]
+    before = oracle.head_reads
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    db.latest = real  # type: ignore[method-assign]
+    assert len(out) == 16 and min(out) >= committed
+    assert oracle.head_reads - before <= 4  # not one per caller
+    db.close()

@@ -79,10 +79,57 @@ class _Oracle:
 
 
 class SharedOracle(_Oracle):
-    """``strict_serializable``: read timestamps from the txns upper read from storage (linearizable)."""
+    """``strict_serializable``: read timestamps from the txns upper read from storage (linearizable).
+
+    Concurrent callers in one process share head reads: a caller may use
+    the result of any read of the upper that *started* after it called (that
+    read sees every commit completed before the caller began), so it waits
+    for the read in flight only if that one started later, else for the
+    next one, which one of the waiters starts. At most one head read is in
+    flight per database object.
+    """
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._cv = threading.Condition()
+        self._started = 0  # head reads started (generations)
+        self._completed = 0  # the newest generation whose result is in _latest
+        self._inflight = False
+        self._latest = -1
+        self._error: BaseException | None = None
+        #: head reads made, and read timestamps served (diagnostics)
+        self.head_reads = 0
+        self.served = 0
 
     def read_ts(self) -> int:
-        return self._seen(self._db.latest() + 1) - 1
+        with self._cv:
+            need = self._started + 1  # a read that starts from now on
+            while self._completed < need:
+                if self._inflight:
+                    self._cv.wait()
+                    continue
+                self._started += 1
+                gen = self._started
+                self._inflight = True
+                self._cv.release()
+                latest: int | None = None
+                error: BaseException | None = None
+                try:
+                    latest = self._db.latest()
+                except BaseException as e:  # noqa: BLE001 - handed to every waiter of this generation
+                    error = e
+                finally:
+                    self._cv.acquire()
+                    self._inflight = False
+                    self.head_reads += 1
+                    if error is None and latest is not None:
+                        self._completed, self._latest = gen, max(self._latest, latest)
+                    self._cv.notify_all()
+                if error is not None:
+                    raise error
+            latest = self._latest
+            self.served += 1
+        return self._seen(latest + 1) - 1
 
 
 class LocalOracle(_Oracle):
