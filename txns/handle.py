@@ -33,7 +33,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
@@ -364,7 +364,7 @@ class TxnsHandle:
         metadata: Mapping[str, Any] | None = None,
         register: tuple[str, ...] = (),
         expect_upper: int | None = None,
-        extra_records: list[tuple[str, Mapping[str, int], Mapping[str, Any]]] = (),  # type: ignore[assignment]
+        extra_records: Sequence[tuple[str, Mapping[str, int], Mapping[str, Any]]] = (),
     ) -> int:
         """Commit ``adds`` (and retract ``tidy``) at ``ts``; return the commit time. Used by ``Txn.commit_at``.
 
@@ -397,14 +397,13 @@ class TxnsHandle:
                     return earlier
                 if self.cache.frontier != upper:
                     continue  # the look-up caught up with newer commits: look again there
+            if expect_upper is not None and upper < expect_upper and not fresh:
+                self.cache.sync()  # (this handle's view is behind the caller's: judge on a fresh one)
+                fresh = True
+                continue
             if expect_upper is not None and upper != expect_upper and not (ts < upper and self._last_append_was(token)):
-                if upper < expect_upper or not fresh:
-                    self.cache.sync()  # (a cached view behind the caller's, or a stale one: judge on a fresh one)
-                    fresh = True
-                    if self.cache.frontier != upper:
-                        continue
-                if upper != expect_upper:
-                    raise TimestampUnavailable("commit", max(ts, expect_upper), upper)
+                # (an upper past it: unless an earlier attempt of this very commit landed, see below)
+                raise TimestampUnavailable("commit", max(ts, expect_upper), upper)
             if ts < upper:
                 if not fresh:
                     self.cache.sync()
@@ -475,7 +474,7 @@ class TxnsHandle:
                     f"the txns shard; register it at a time >= {du - 1}. Nothing was committed"
                 )
 
-    def _record_updates(self, records: list[tuple[str, Mapping[str, int], Mapping[str, Any]]], ts: int) -> list:
+    def _record_updates(self, records: Sequence[tuple[str, Mapping[str, int], Mapping[str, Any]]], ts: int) -> list:
         """The txns-shard updates adding these commit records at ``ts`` (registering the commits shard if new)."""
         w = self.data_writer(self.commits_id)
         now_ms = int(time.time() * 1000)

@@ -31,10 +31,11 @@ Invariants:
   live table per name, ever. The catalog it validated, with its DDL
   replayed, is the catalog at its commit time: it is cached as such, so
   the next reads of the catalog cost nothing.
-- Creating a table registers its (fresh) data shard in the txns shard before
-  the commit; until the commit adds the catalog row, the shard is invisible.
-  An abandoned transaction forgets the shards it registered (best effort:
-  a crash leaves an empty registered shard that no name points to).
+- Creating a table registers its (fresh) data shard in the txns shard in
+  the very commit that adds its catalog row (``Txn.register``): a shard is
+  registered exactly when a name points to it, and an abandoned (or
+  crashed) transaction leaves only an unregistered shard with a schema.
+  Shards no readable catalog names any more are released by ``compact()``.
 - The latest time is the txns upper minus one, read fresh: a latest read
   never waits for a commit. A read at a past wall-clock time beyond the
   upper first closes that time with an empty commit (so the answer can
@@ -91,7 +92,7 @@ from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.handle import TxnsHandle
-from txns.txn import Tidy, Txn, TxnApply
+from txns.txn import Txn, TxnApply
 
 if TYPE_CHECKING:
     from txns.db.read_txn import ReadTransaction
@@ -675,7 +676,7 @@ class Database:
     ) -> tuple[int, int | None]:
         """Commit ``txn`` once durable; return its commit time and the time its reads hold at.
 
-        A transaction with DDL (``validate``) commits alone (:meth:`_commit_alone`).
+        A transaction with DDL (``validate``) commits alone (:meth:`_commit_ddl`).
         The others go through a **group commit**: each joins a queue, and
         whoever holds the database's lock next commits every queued
         transaction that fits in one conditional write (:meth:`_commit_group`);
@@ -685,9 +686,7 @@ class Database:
         what an earlier member writes.
         """
         if validate is not None:
-            return self._commit_alone(
-                txn, validate, written, reads=reads, names=names, read_ts=read_ts, isolation=isolation
-            )
+            return self._commit_ddl(txn, validate, written, reads=reads, names=names, read_ts=read_ts, isolation=isolation)
         p = _Pending(txn, dict(written or {}), reads or {}, names or {}, read_ts, isolation, writes or {})
         with self._queue_lock:
             self._queue.append(p)
@@ -734,9 +733,8 @@ class Database:
                 group = self._form_group(members, cache.frontier)
                 if not group:
                     return
-                if base is not None:
-                    base.join([])
-                    base._tidy = Tidy()
+                # (the first member is never held back: a base that leaves the
+                # group failed validation and is never committed)
                 base = group[0].txn
                 base.join([q.txn for q in group[1:]])
                 base.tidy(tidy)
@@ -804,10 +802,10 @@ class Database:
             q.error = e
             q.done = True
 
-    def _commit_alone(
+    def _commit_ddl(
         self,
         txn: Txn,
-        validate: Callable[[int], dict[str, TableEntry]] | None,
+        validate: Callable[[int], dict[str, TableEntry]],
         written: Mapping[str, int] | None = None,
         *,
         reads: ReadSet | None = None,
@@ -815,21 +813,19 @@ class Database:
         read_ts: int | None = None,
         isolation: str | None = None,
     ) -> tuple[int, int | None]:
-        """Commit ``txn`` at a database-chosen time once durable; return it and the time its reads hold at.
+        """Commit ``txn``, which has DDL, alone once durable; return its commit time and the time its reads hold at.
 
-        - Write-only (no ``reads``): at the first free time at or after the
-          oracle's write time.
-        - Read-then-write (``reads`` made at ``read_ts``): only while nothing
-          committed after ``read_ts`` (``expect_upper=read_ts + 1``, at time
-          ``max(read_ts + 1, now)``). When another commit took that time, the
-          commits in between are checked against the reads
-          (:func:`txns.db.validation.conflict`): unchanged, the reads hold at
-          the new upper - 1 and the same writes commit after it (no re-run);
-          changed, ``TransactionConflict`` and nothing is committed.
-        - ``validate(ts)`` checks the DDL against the catalog at ``ts`` and
-          returns the tables after it: the commit then goes only on the
-          upper the catalog was validated at (see the module doc), and that
-          catalog is cached as the catalog at the commit time.
+        ``validate(ts)`` checks the DDL against the catalog at ``ts`` and
+        returns the tables after it. The commit goes at ``max(ts + 1, now)``
+        only while the txns upper is still ``ts + 1`` (``expect_upper``), so
+        no other DDL slips in between; ``ts`` is the transaction's read time
+        if it read anything, else the latest time read fresh. When another
+        commit took the time, its reads (if any) are checked against the
+        commits in between (:func:`txns.db.validation.conflict`: changed,
+        ``TransactionConflict``), and the DDL is validated again at the new
+        upper - 1. The catalog it validated is cached as the catalog at the
+        commit time. ``Indeterminate`` is raised to the caller (whose
+        transaction then stays uncertain: ``db.history()`` tells).
 
         The commit is applied by the background worker (which also moves the
         retention holds of ``written``: the data shards written, with their
@@ -838,52 +834,29 @@ class Database:
         """
         with self._lock:
             txn.tidy(self._applier.take_tidy())
-            cache = self.handle.cache
             oracle = self.oracle(isolation)
-            rw = bool(reads) and read_ts is not None
-            ts = max(cache.frontier, oracle.write_ts())
-            applied: TxnApply
-            live: dict[str, TableEntry] | None = None
-            uncertain_tries = 0
-            expect: int | None = None
+            at = read_ts
+            if not reads or at is None:
+                self.handle.cache.sync()
+                at = self.handle.cache.frontier - 1
             while True:
-                if rw:
-                    assert read_ts is not None
-                    expect = read_ts + 1
-                    ts = max(expect, oracle.write_ts())
-                    if validate is not None:
-                        live = validate(read_ts)
-                elif validate is not None:
-                    cache.sync()
-                    expect = cache.frontier
-                    ts = max(expect, oracle.write_ts())
-                    live = validate(expect - 1)
+                live = validate(at)
+                ts = max(at + 1, oracle.write_ts())
                 try:
-                    # (with reads or DDL: only if nothing committed since what it checked)
-                    applied = txn.commit_at(self.handle, ts, expect_upper=expect)
+                    applied = txn.commit_at(self.handle, ts, expect_upper=at + 1)
                     break
                 except TimestampUnavailable as e:
-                    if rw:
-                        assert read_ts is not None and reads is not None
-                        why = conflict(self, reads, names or {}, read_ts + 1, e.upper - 1)
+                    if reads:
+                        why = conflict(self, reads, names or {}, at + 1, e.upper - 1)
                         if why is not None:
                             raise TransactionConflict(f"{why}; nothing was committed") from None
-                        read_ts = e.upper - 1  # what it read holds there too: commit right after
-                    oracle.observe(e.upper - 1)
-                    ts = max(e.upper, oracle.write_ts())
-                except Indeterminate:
-                    # It may have committed. Without DDL, committing the same txn again is
-                    # safe (its durable identity finds an earlier commit); with DDL the
-                    # validation would run first, so the caller decides (db.history()).
-                    uncertain_tries += 1
-                    if validate is not None or uncertain_tries > UNCERTAIN_RETRIES:
-                        raise
-                    backoff(uncertain_tries)
+                    at = e.upper - 1  # what it read (if anything) holds there too
+                    oracle.observe(at)
             oracle.observe(applied.commit_ts)
-            if live is not None and applied.commit_ts == ts:
+            if applied.commit_ts == ts:
                 self._catalog_committed(ts, live)
             self._applier.submit(applied.commit_ts, written)
-            return applied.commit_ts, read_ts
+            return applied.commit_ts, (at if reads else read_ts)
 
     def _catalog_committed(self, ts: int, live: dict[str, TableEntry]) -> None:
         """Cache ``live`` as the catalog at ``ts``: the one a DDL commit validated, with its changes.

@@ -26,9 +26,9 @@ Two oracles, one per isolation level:
   commit validates the reads against everything committed since), but a
   read may miss a commit another process completed a moment ago.
 
-Invariants: every timestamp an oracle returns is at most the latest it was
-told of (or read) minus nothing: ``read_ts() < upper`` as last seen, so a
-read at it never waits; ``write_ts() >= read_ts() + 1``.
+Invariants: ``read_ts()`` is below the txns upper as last seen (or read),
+so a read at it never waits; ``write_ts()`` is at least that upper, so it
+is past every ``read_ts()`` given before; neither ever goes back.
 """
 
 from __future__ import annotations

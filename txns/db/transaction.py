@@ -32,9 +32,9 @@ Invariants:
   transaction deletes the parts it wrote.
 - A table created here gets a fresh data shard. Nothing is written for it
   until the commit: then its schema is recorded on the shard (the schemas
-  of several new tables at once) and it is registered in the txns shard,
-  just before the commit that adds the catalog row in the same write as the
-  data.
+  of several new tables at once), and the commit that adds its catalog row
+  and data registers it in the txns shard in the same write
+  (``Txn.register``): an abandoned transaction leaves nothing registered.
 - ``commit`` returns once the commit is durable; the database applies it in
   the background (:mod:`txns.db.applier`).
 """
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, PersistError, SchemaMismatch, ShardId, WriteHandle
+from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMismatch, ShardId, WriteHandle
 from txns.db import clock
 from txns.db.arrow_io import check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
@@ -82,7 +81,6 @@ from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, r
 if TYPE_CHECKING:
     from txns.db.database import Database
 
-log = logging.getLogger(__name__)
 
 TRACK_INSERTED_BYTES = 64 << 20
 """Rows a transaction inserts are kept in memory up to this many bytes, so it can retract them itself."""
@@ -882,7 +880,6 @@ class Transaction:
             return self.commit_info
         info = self._info()
         committed = False
-        registered: list[str] = []
         try:
             live_ids = {x.data_id for x, n in changes.items() if n > 0}
             new = {d: data_schema(e.schema, e.primary_key) for d, e in self._new.items() if d in live_ids}
@@ -898,12 +895,9 @@ class Transaction:
                 txn.write(db.root.catalog_id, e.key(), (), n)
             known = [*self._view.values(), *(x for _, a, b in self._ops for x in (a, b) if x is not None)]
             written = {e.data_id: e.created_ms for e in known if e.data_id in self._batches}
-            reading = self._read_ts is not None and bool(self._read_set)
-            names = (
-                {n: e for n, e in db.catalog(self._read_ts).tables.items() if e.data_id in self._read_set}
-                if reading and self._read_ts is not None
-                else {}
-            )
+            names = {}  # the tables it read, by the names it read them under
+            if self._read_ts is not None and self._read_set:
+                names = {n: e for n, e in db.catalog(self._read_ts).tables.items() if e.data_id in self._read_set}
             ts, self._read_ts = db._commit(
                 txn,
                 self._validate if self._ops else None,
@@ -920,7 +914,7 @@ class Transaction:
             self._state = "uncertain"
             raise
         except BaseException:
-            self._discard(registered)
+            self._discard()
             raise
         finally:
             if committed:
@@ -940,9 +934,9 @@ class Transaction:
         """Abandon the transaction: nothing is committed; its written parts are deleted."""
         if self._state != "open":
             return
-        self._discard([])
+        self._discard()
 
-    def _discard(self, registered: list[str]) -> None:
+    def _discard(self) -> None:
         self._state = "abandoned"
         blob = self._db.client.blob
         for b in self._builders.values():
@@ -958,11 +952,6 @@ class Transaction:
                 except Exception:  # noqa: BLE001
                     pass
         self._batches = {}
-        if registered:
-            try:
-                self._db._forget(registered)
-            except PersistError as e:
-                log.debug("forgetting abandoned shards deferred: %s", e)
 
 
 def _with_diff(t: pa.Table, diff: int) -> pa.Table:
