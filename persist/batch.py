@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from persist.codec import KIND_BATCH, frame, unframe
+from persist._internal.codec import KIND_BATCH, frame, unframe
 from persist.config import PersistConfig
 from persist.errors import InvalidUsage
 from persist.location import Blob
-from persist.retry import retry_storage
-from persist.parts import PartRef, Run, encode_inline, part_key, runs_rows, runs_size, sort_updates, write_part
+from persist._internal.retry import retry_storage
+from persist._internal.parts import PartRef, Run, encode_inline, part_key, runs_rows, runs_size, sort_updates, write_part
 from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
 
 _CHUNK_ROWS = 8192

@@ -8,12 +8,12 @@ import uuid
 
 from persist.config import PersistConfig
 from persist.errors import InvalidUsage, note_write, operation
-from persist.machine import Machine
-from persist.retry import retry_storage
-from persist.parts import part_written_ms
+from persist._internal.machine import Machine
+from persist._internal.retry import retry_storage
+from persist._internal.parts import part_written_ms
 from persist.read import ReadHandle, SinceHandle
 from persist.schema import Schema, ShardId
-from persist.state import CriticalReaderState, LeasedReaderState, ShardState
+from persist._internal.state import CriticalReaderState, LeasedReaderState, ShardState
 from persist.url import Location, open_location
 from persist.write import WriteHandle
 

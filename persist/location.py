@@ -2,7 +2,7 @@
 
 ``Blob`` is a key-value store of immutable-ish objects; ``Consensus`` is a
 linearizable log of versions per key. Both store raw bytes: framing with a
-format version and a checksum is the layer above's job (:mod:`persist.codec`).
+format version and a checksum is the layer above's job (:mod:`persist._internal.codec`).
 
 Backends (one module each): :mod:`persist.mem` (in-process, for tests),
 :mod:`persist.file` (a local directory, the embedded default),

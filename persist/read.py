@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 from persist.config import PersistConfig
 from persist.errors import CorruptObject, InvalidUsage, LeaseExpired, ReadBelowSince, ReadTimeout
 from persist.location import Blob
-from persist.machine import Machine
-from persist.parts import MissingPart, Run, consolidate, read_run
+from persist._internal.machine import Machine
+from persist._internal.parts import MissingPart, Run, consolidate, read_run
 from persist.schema import Schema, check_ts
-from persist.state import CriticalReaderState, HollowBatch, LeasedReaderState, ShardState
+from persist._internal.state import CriticalReaderState, HollowBatch, LeasedReaderState, ShardState
 
 
 class PartRetired(InvalidUsage):
@@ -48,7 +48,7 @@ class SnapshotPlan:
     """What a snapshot at ``as_of`` must read: runs (parts and inline rows).
 
     Any process that can open the location can read a run's parts with
-    :func:`persist.parts.read_run`; keep rows with ``ts <= as_of`` and set
+    :func:`persist._internal.parts.read_run`; keep rows with ``ts <= as_of`` and set
     their time to ``as_of``; the consolidated sum is the snapshot.
     """
 

@@ -4,7 +4,7 @@ An append is metadata only: the rows are first written as a :class:`Batch`
 (parts in blob storage, or inline), then one compare-and-set adds the batch
 to the state iff the shard's upper is the expected one. After a non-empty
 append the writer merges batches when the size-tiered policy asks
-(:mod:`persist.compact`) and deletes parts retired longer ago than the grace
+(:mod:`persist._internal.merge`) and deletes parts retired longer ago than the grace
 period.
 """
 
@@ -16,14 +16,14 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 from persist.batch import Batch, BatchBuilder
-from persist.compact import apply_merged, merge_batches
+from persist._internal.merge import apply_merged, merge_batches
 from persist.config import PersistConfig
 from persist.errors import CorruptObject, ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch, note_write, operation
 from persist.location import Blob
-from persist.machine import Machine
-from persist.parts import MissingPart
+from persist._internal.machine import Machine
+from persist._internal.parts import MissingPart
 from persist.schema import CLOSED, Schema, check_ts, check_upper
-from persist.state import ShardState
+from persist._internal.state import ShardState
 
 log = logging.getLogger(__name__)
 

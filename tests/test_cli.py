@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from persist import PersistClient, PersistConfig, Schema, ShardId
-from persist.parts import encode_parquet
+from persist._internal.parts import encode_parquet
 from txns import TxnsHandle
 from txns.cli import main
 

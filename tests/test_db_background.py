@@ -343,7 +343,7 @@ def test_a_transactions_tables_are_written_out_at_once(db: txns.Database, monkey
 
 
 def test_a_table_not_written_since_is_read_without_a_state_read(db: txns.Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    from persist.machine import Machine
+    from persist._internal.machine import Machine
 
     db.create_table("quiet", SCHEMA)
     db.create_table("busy", SCHEMA)

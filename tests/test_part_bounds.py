@@ -21,9 +21,9 @@ import pytest
 
 import txns
 from persist import Batch, BatchBuilder, PersistConfig, Schema
-from persist.compact import merge_batches
+from persist._internal.merge import merge_batches
 from persist.mem import MemBlob
-from persist.parts import (
+from persist._internal.parts import (
     BOUND_MAX_BYTES,
     PartRef,
     Run,
@@ -34,7 +34,7 @@ from persist.parts import (
     sort_updates,
     write_part,
 )
-from persist.state import HollowBatch
+from persist._internal.state import HollowBatch
 from txns.db import keyed
 from txns.db.keyed import committed_rows
 
@@ -329,7 +329,7 @@ def test_keyed_writes_and_validation_still_right(many_parts: tuple[txns.Database
 
 
 def test_point_reads_reuse_small_parts_from_the_cache() -> None:
-    from persist.parts import PartRef
+    from persist._internal.parts import PartRef
     from txns.db.scan import PartCache
 
     cache = PartCache(max_bytes=10, item_max_bytes=6)

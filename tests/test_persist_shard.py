@@ -40,7 +40,7 @@ from persist import (
     UpperMismatch,
     WriteHandle,
 )
-from persist.parts import read_run
+from persist._internal.parts import read_run
 from persist.unreliable import CountingBlob, CountingConsensus, Op
 from persist.url import Location, open_location
 

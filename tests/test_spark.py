@@ -311,8 +311,8 @@ def test_spark_compaction_preserves_reads_at_and_past_the_since(spark, tmp_path:
 
 
 def test_merges_into_one_time_are_marked_distinct_kv() -> None:
-    from persist.compact import merge_batches
-    from persist.parts import Run
+    from persist._internal.merge import merge_batches
+    from persist._internal.parts import Run
 
     client = PersistClient.open(f"mem://spark-{ShardId.new()}", PersistConfig(compaction_enabled=False))
     sid = ShardId.new()

@@ -37,9 +37,9 @@ import pyarrow.compute as pc
 
 from persist import CorruptObject, ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout
 from persist.errors import aside
-from persist.parts import MissingPart, consolidate
+from persist._internal.parts import MissingPart, consolidate
 from persist.read import batch_tables, fetch_plan, plan_at, to_updates
-from persist.state import ShardState
+from persist._internal.state import ShardState
 from txns.entries import TXNS_SCHEMA, Entry
 
 log = logging.getLogger(__name__)

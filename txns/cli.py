@@ -57,9 +57,9 @@ from typing import TYPE_CHECKING, TextIO
 from urllib.parse import unquote
 
 from persist import Batch, InvalidUsage, PersistClient, PersistError, ShardId
-from persist.parts import MissingPart
+from persist._internal.parts import MissingPart
 from persist.read import fetch_plan, plan_at
-from persist.state import ShardState
+from persist._internal.state import ShardState
 from persist.url import redact
 from txns.db.commands import UsageError, add_commands, compact_db, gc_reason, table_names, txns_id_of
 from txns.commits import commits_shard_id

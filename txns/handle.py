@@ -51,7 +51,7 @@ from persist import (
     WriteHandle,
 )
 from persist.errors import operation
-from persist.parts import MissingPart, consolidate, read_run
+from persist._internal.parts import MissingPart, consolidate, read_run
 from persist.read import SnapshotPlan, at_as_of, fetch_plan, plan_at
 from persist.schema import check_ts
 from txns.cache import TxnsCache

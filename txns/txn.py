@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch
-from persist.codec import KIND_TXN, frame, unframe
+from persist._internal.codec import KIND_TXN, frame, unframe
 from persist.errors import operation
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
 from txns.commits import COMMIT_RECORD_MAX_BYTES

@@ -270,7 +270,7 @@ def gc_reason(client: PersistClient, shard_id: str, older_than_s: float, keep: s
     """Why a gc of ``shard_id`` deleted nothing: what it found and kept, or that there was nothing."""
     import time
 
-    from persist.parts import part_written_ms
+    from persist._internal.parts import part_written_ms
 
     state = client.machine(shard_id).fetch()
     grace_ms = int(client.config.part_grace_s * 1000)

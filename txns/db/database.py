@@ -76,8 +76,8 @@ from persist import (
     ReadTimeout,
     SnapshotPlan,
 )
-from persist.parts import MissingPart
-from persist.retry import backoff
+from persist._internal.parts import MissingPart
+from persist._internal.retry import backoff
 from persist.url import redact
 from txns.commits import COMMITS_SCHEMA, commits_shard_id
 from txns.db import clock

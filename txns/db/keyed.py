@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import SchemaMismatch, SnapshotPlan
-from persist.parts import bound_value, prune_runs
+from persist._internal.parts import bound_value, prune_runs
 from txns.db.arrow_io import arrow_pieces, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import InvalidPrimaryKey
@@ -168,7 +168,7 @@ def prune_plan(e: TableEntry, plan: SnapshotPlan, keys: Collection[Key]) -> Snap
     """``plan`` without the parts that cannot hold any of ``keys`` (by their first key column's bounds).
 
     A keyed table's data shard key starts with the primary key, so a part's
-    bounds (:class:`persist.parts.PartRef`) are those of ``keys``' first
+    bounds (:class:`persist._internal.parts.PartRef`) are those of ``keys``' first
     values. Parts without bounds and inline rows are kept.
     """
     pk = require_keyed(e, "a keyed read")

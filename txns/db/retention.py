@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 
 from persist import PersistClient, SinceHandle
-from persist.compact import apply_merged, merge_batches
+from persist._internal.merge import apply_merged, merge_batches
 from persist.write import WriteHandle
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from persist import ExternalError, Indeterminate, InvalidUsage, PersistClient, ShardId
-from persist.codec import frame, unframe
+from persist._internal.codec import frame, unframe
 from persist.location import CaSResult
-from persist.machine import backoff
+from persist._internal.machine import backoff
 
 ROOT_KEY = "txns-db-root"
 KIND_ROOT = 101

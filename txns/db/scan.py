@@ -54,9 +54,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from persist import CorruptObject, InvalidUsage, SnapshotPlan
-from persist.codec import crc32c
+from persist._internal.codec import crc32c
 from persist.location import Blob
-from persist.parts import MissingPart, PartRef, Run, decode_inline, get_retrying
+from persist._internal.parts import MissingPart, PartRef, Run, decode_inline, get_retrying
 from txns.db.pool import in_pool, pool
 
 IN_MEMORY_BYTES = 64 << 20

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import InvalidUsage, SchemaMismatch
-from persist.parts import MissingPart, Run, read_run
+from persist._internal.parts import MissingPart, Run, read_run
 from persist.url import Location, open_location, redact
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Compaction of a big data shard as a Spark job.
 
-The same merge as :mod:`persist.compact`, with the data never on the driver:
+The same merge as :mod:`persist._internal.merge`, with the data never on the driver:
 
 1. The driver reads the shard's state and picks the batches to merge (all
    of them, or what the size-tiered policy asks for up to ``max_bytes``),
@@ -9,7 +9,7 @@ The same merge as :mod:`persist.compact`, with the data never on the driver:
    time below ``s`` to ``s``; Spark sums ``diff`` per ``(key, val, ts)`` and
    drops zeros; executors write the result as new parts.
 3. The driver replaces the inputs by the merged batch with one
-   compare-and-set (:func:`persist.compact.apply_merged`). If another
+   compare-and-set (:func:`persist._internal.merge.apply_merged`). If another
    compaction changed those batches meanwhile, nothing changes and the new
    parts are deleted.
 
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from persist import InvalidUsage, PersistClient, Schema, ShardId
-from persist.compact import apply_merged
-from persist.parts import Run, apply_rewrite
-from persist.state import HollowBatch
+from persist._internal.merge import apply_merged
+from persist._internal.parts import Run, apply_rewrite
+from persist._internal.state import HollowBatch
 from txns.spark._common import (
     arrow_schema,
     check_url,

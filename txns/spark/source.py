@@ -49,7 +49,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import LongType, StructField, StructType
 
 from persist import InvalidUsage, LeaseExpired, PersistClient, ReadBelowSince, ReadHandle, Schema, ShardId
-from persist.parts import apply_rewrite
+from persist._internal.parts import apply_rewrite
 from txns.errors import NotRegistered
 from txns.handle import TxnsHandle
 from txns.spark._common import arrow_schema, check_url, plan_tasks, read_task, spark_struct, to_spark_arrow, ts_as_int64

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import CLOSED, Batch, BatchBuilder, InvalidUsage, PersistConfig, Schema, SchemaMismatch, ShardId
-from persist.parts import PartRef, Run
+from persist._internal.parts import PartRef, Run
 from txns.spark._common import check_url, col, location, raise_from_spark
 
 if TYPE_CHECKING:

@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from persist.codec import FORMAT_VERSION, crc32c
+from persist._internal.codec import FORMAT_VERSION, crc32c
 from persist.errors import CorruptObject
 from persist.location import Blob
-from persist.retry import retry_storage
+from persist._internal.retry import retry_storage
 
 PARQUET_META = {b"persist.format": str(FORMAT_VERSION).encode()}
 

@@ -30,8 +30,8 @@ from typing import TypeVar
 from persist.config import PersistConfig
 from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch, note_write
 from persist.location import CaSResult, Consensus
-from persist.retry import backoff
-from persist.state import ShardState
+from persist._internal.retry import backoff
+from persist._internal.state import ShardState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

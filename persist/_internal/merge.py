@@ -22,11 +22,11 @@ import pyarrow.compute as pc
 
 from persist.config import PersistConfig
 from persist.location import Blob
-from persist.parts import MissingPart, Run, consolidate, encode_inline, read_run, write_part
-from persist.state import HollowBatch, ShardState
+from persist._internal.parts import MissingPart, Run, consolidate, encode_inline, read_run, write_part
+from persist._internal.state import HollowBatch, ShardState
 
 if TYPE_CHECKING:
-    from persist.machine import Machine
+    from persist._internal.machine import Machine
 
 
 def merge_batches(

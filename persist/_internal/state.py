@@ -25,9 +25,9 @@ import json
 import uuid
 from dataclasses import dataclass, field, replace
 
-from persist.codec import KIND_STATE, frame, unframe
+from persist._internal.codec import KIND_STATE, frame, unframe
 from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
-from persist.parts import Run, runs_rows, runs_size
+from persist._internal.parts import Run, runs_rows, runs_size
 from persist.schema import CLOSED
 
 TOMBSTONE = CLOSED
