@@ -214,7 +214,7 @@ def run_big(rows: int, rounds: int = 5) -> None:
                 tx.insert("big", data(min(step, rows - off), off))
         e = db.entry("big", db.latest())
         db.close()  # (waits for the background apply: the parts are then in the table's shard)
-        state = db.client.machine(e.data_id).fetch()
+        state = db.client.shard(e.data_id).fetch()
         files = sorted(str(Path(d) / "db" / "blob" / k) for k in state.part_keys())
         size_mb = sum(os.path.getsize(f) for f in files) / (1 << 20)
         print(f"\n### Reading {rows:,} rows ({len(files)} Parquet parts, {size_mb:.0f} MiB) from a fresh process\n")

@@ -9,7 +9,8 @@ same workload with group commit switched off (each transaction its own
 write, as before group commit) measured in the same run. Also a
 read-then-write mix (increments of 16 keyed counters through ``db.run``).
 
-S3 is moto (in a child process, so it does not compete for this process's GIL) behind :class:`persist.fault_proxy.FaultProxy` adding
+S3 is moto (in a child process, so it does not compete for this process's GIL)
+behind :class:`persist.fault_proxy.FaultProxy` adding
 ``--latency-ms`` before each request (default 20 ms: a same-region S3 round
 trip is 10-30 ms), so waiting on storage, not Python, dominates, as it does
 on real S3.
@@ -35,10 +36,11 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import txns  # noqa: E402
-from common import moto_server  # noqa: E402  (moto in a child process: it does not share our GIL)
-from persist.fault_proxy import FaultPlan, FaultProxy  # noqa: E402
-from txns.db import database as database_module  # noqa: E402
+from common import moto_server  # moto in a child process: it does not share our GIL
+
+import txns
+from persist.fault_proxy import FaultPlan, FaultProxy
+from txns.db import database as database_module
 
 BUCKET = "bench-group-commit"
 
@@ -120,9 +122,13 @@ def main() -> None:
     with moto_server() as endpoint:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
         with FaultProxy(endpoint, seed=1, faults=FaultPlan(latency_s=args.latency_ms / 1000)) as proxy:
-            for title, work in (("write-only (one-row insert)", insert_one), ("read-then-write (db.run increment)", increment)):
+            workloads = (("write-only (one-row insert)", insert_one), ("read-then-write (db.run increment)", increment))
+            for title, work in workloads:
                 print(f"\n### {title}, {args.latency_ms:g} ms added per request\n")
-                print("| threads | grouped: commits/s | p50 ms | p99 ms | txns per write | alone: commits/s | p50 ms | p99 ms | gain |")
+                print(
+                    "| threads | grouped: commits/s | p50 ms | p99 ms | txns per write "
+                    "| alone: commits/s | p50 ms | p99 ms | gain |"
+                )
                 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
                 for n in counts:
                     per = max(2, args.commits // n)
@@ -131,8 +137,10 @@ def main() -> None:
                     with ungrouped():
                         a = run_case(url(), n, per, work)
                     print(
-                        f"| {n} | {g['commits/s']:.1f} | {g['p50 ms']:.0f} | {g['p99 ms']:.0f} | {g['txns per write']:.1f} "
-                        f"| {a['commits/s']:.1f} | {a['p50 ms']:.0f} | {a['p99 ms']:.0f} | {g['commits/s'] / a['commits/s']:.2f}x |",
+                        f"| {n} | {g['commits/s']:.1f} | {g['p50 ms']:.0f} | {g['p99 ms']:.0f} "
+                        f"| {g['txns per write']:.1f} "
+                        f"| {a['commits/s']:.1f} | {a['p50 ms']:.0f} | {a['p99 ms']:.0f} "
+                        f"| {g['commits/s'] / a['commits/s']:.2f}x |",
                         flush=True,
                     )
 

@@ -19,7 +19,7 @@ Two measurements, printed as Markdown tables (results: benchmarks/README.md,
    calls it, wrapped in the measured process): how many found the inputs unchanged, and how many commits took
    that path (committed at a later time without re-running the function);
    "uncertain retries" counts commit attempts made on the exactly-once
-   recovery path (``commit_entries(uncertain=True)``: an earlier attempt of
+   recovery path (a ``CommitRequest`` with ``uncertain=True``: an earlier attempt of
    the transaction "may have written", so it first looks itself up).
    Requests per commit are counted on the wire (S3/moto), the committing
    threads' and the background apply worker's apart.
@@ -62,9 +62,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pyarrow as pa
 from common import (
@@ -284,7 +283,8 @@ def instrument_validation() -> None:
     val.conflict = counted  # type: ignore[assignment]
 
 
-UNCERTAIN = [0]  # commit attempts that took the exactly-once recovery path (``commit_entries(uncertain=True)``)
+# commit attempts that took the exactly-once recovery path (``commit_entries`` of a request with ``uncertain=True``)
+UNCERTAIN = [0]
 
 
 def instrument_uncertain() -> None:
@@ -296,7 +296,7 @@ def instrument_uncertain() -> None:
         return
 
     def counted(self: Any, *a: Any, **k: Any) -> Any:
-        if k.get("uncertain"):
+        if a[0].uncertain:  # (the CommitRequest)
             UNCERTAIN[0] += 1
         return orig(self, *a, **k)
 
@@ -436,7 +436,8 @@ class Cell:
 
 HEADERS = ["backend", "workers as", "workers", "isolation", "commits", "commits/s", "latency ms p50 / p99",
            "re-runs per commit", "commits via 'inputs unchanged'", "validations / unchanged", "conflicts found",
-           "gave up", "uncertain retries", "txns per commit write", "requests per commit: txn / worker", "lost CAS per commit"]
+           "gave up", "uncertain retries", "txns per commit write", "requests per commit: txn / worker",
+           "lost CAS per commit"]
 
 
 def fresh_url(backend: str, endpoint: str | None, tmp: str) -> str:
@@ -497,7 +498,9 @@ def run_threads(
     rec = Record(uncertain=uncertain)
     for r in recs:
         rec.merge(r)
-    return Cell(backend, "threads, one db" if shared else "threads", workers, level, seconds, rec, counts, start, groups)
+    return Cell(
+        backend, "threads, one db" if shared else "threads", workers, level, seconds, rec, counts, start, groups
+    )
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -522,11 +525,14 @@ def child_main(args: argparse.Namespace) -> None:
     time.sleep(max(0.0, start - time.time()))
     before = wire.snapshot() if wire else None
     rec = Record()
-    run_with_uncertain(rec, lambda: transfers(db, spec["level"], spec["accounts"], random.Random(spec["seed"]), until, rec))
+    run_with_uncertain(
+        rec, lambda: transfers(db, spec["level"], spec["accounts"], random.Random(spec["seed"]), until, rec)
+    )
     counts = diff(wire.snapshot(), before) if wire and before is not None else None
     g1 = group_stats([db])
     db.close()
-    out = {"rec": rec.to_json(), "counts": {k: [v.requests, v.bytes_out, v.bytes_in] for k, v in (counts or {}).items()},
+    out = {"rec": rec.to_json(),
+           "counts": {k: [v.requests, v.bytes_out, v.bytes_in] for k, v in (counts or {}).items()},
            "groups": [g1[0] - g0[0], g1[1] - g0[1]] if g0 is not None and g1 is not None else None}
     print(json.dumps(out), flush=True)
 
@@ -598,8 +604,10 @@ def run_throughput(args: argparse.Namespace, endpoint: str | None, tmp: str, res
         rows.append([c.mode, c.workers, SHORT[c.level], fmt_per(by_owner(c.counts, "txn"), n),
                      fmt_per(by_owner(c.counts, "worker"), n)])
     if rows:
-        print_table(["workers as", "workers", "isolation", "committing threads, per commit", "apply worker, per commit"],
-                    rows, title="Requests per committed transfer by kind (S3/moto, wire)")
+        print_table(
+            ["workers as", "workers", "isolation", "committing threads, per commit", "apply worker, per commit"],
+            rows, title="Requests per committed transfer by kind (S3/moto, wire)",
+        )
     results["throughput"] = [
         {"backend": c.backend, "mode": c.mode, "workers": c.workers, "level": c.level, "row": c.row(),
          "counts": {k: v.requests for k, v in (c.counts or {}).items()}} for c in cells
@@ -681,7 +689,9 @@ def run_requests(args: argparse.Namespace, endpoint: str, results: dict) -> None
             n = args.txns
             # (a transfer and a keyed insert read, then write: the read-then-write floor)
             floor_s, floor = FLOOR.get((kind, level)) or FLOOR[("read-then-write", level)]
-            extra = {k: v for k, v in ((k, txn_c.get(k, 0) - floor.get(k, 0) * n) for k in set(txn_c) | set(floor)) if v}
+            extra = {
+                k: v for k, v in ((k, txn_c.get(k, 0) - floor.get(k, 0) * n) for k in set(txn_c) | set(floor)) if v
+            }
             rows.append([SHORT[level], kind, what, f"{sum(txn_c.values()) / n:.2f}", fmt_per(txn_c, n), floor_s,
                          fmt_per(extra, n) if extra else "none", f"{statistics.median(times) * 1000:.0f}",
                          f"{sum(wrk_c.values()) / n:.2f}" + (f" ({fmt_per(wrk_c, n)})" if wrk_c else "")])

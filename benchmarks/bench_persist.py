@@ -191,7 +191,7 @@ def bench_small(url_factory: Callable[[], str], appends: int, rows: int) -> dict
             "median_ms": statistics.median(times),
             "state_put_bytes_first": state_sizes[0],
             "state_put_bytes_last_min": min(state_sizes[-10:]),
-            "batches_in_state_at_end": len(w.machine.state().batches),
+            "batches_in_state_at_end": len(w.shard.state().batches),
         }
 
     # -- a fresh handle (new client: nothing cached) on an existing shard
@@ -282,13 +282,13 @@ def bench_versions(url: str, targets: list[int]) -> dict:
         fresh = open_counted(url)
         with measure(fresh) as m_open:
             fw = fresh.client.open_writer(sid, SMALL_SCHEMA)
-        other.machine.fetch()
+        other.shard.fetch()
         other.compare_and_append_batch([], upper, upper + 1)  # fw's cache is now stale
         upper += 1
         with measure(fresh) as m_lost:
             fw.compare_and_append_batch([], upper, upper + 1)  # PUT(412), head, PUT
         upper += 1
-        seqno = w.machine.fetch().seqno
+        seqno = w.shard.fetch().seqno
         rows.append(
             [
                 seqno,

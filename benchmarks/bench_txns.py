@@ -171,7 +171,7 @@ def register_chunked(txns: TxnsHandle, shards: list[str], chunk: int) -> float:
     t0 = time.perf_counter()
     for i in range(0, len(shards), chunk):
         ts = txns.upper
-        txns.register(ts, {d: SCHEMA for d in shards[i : i + chunk]})
+        txns.register(ts, dict.fromkeys(shards[i:i + chunk], SCHEMA))
     return time.perf_counter() - t0
 
 
@@ -185,13 +185,7 @@ def commit_small(
     for j, d in enumerate(shards):
         for r in range(rows):
             txn.write(d, (j * rows + r,), (payload,), 1)
-    ts = txns.upper
-    while True:
-        try:
-            txn.commit_at(txns, ts)
-            return ts
-        except TimestampUnavailable as e:
-            ts = e.upper
+    return txns.commit(txn).commit_ts
 
 
 # ---- 1. commit cost by shards touched ----------------------------------------------------
@@ -337,11 +331,11 @@ def bench_scaling(
             ms.append(m.seconds * 1000)
             tidy = txns.apply_le(ts)  # applied (not measured), tidied by the next commit
         commit_ms = statistics.median(ms)
-        state_bytes = txns.writer.machine.state().encode()
+        state_bytes = txns.writer.shard.state().encode()
         # baseline: advance each registered shard's upper directly (one compare-and-append each)
         writers = [txns.data_writer(d) for d in registered]
         for w in writers:
-            w.machine.state()  # cached: what a writer that keeps its handles open has
+            w.shard.state()  # cached: what a writer that keeps its handles open has
         with measure(c) as m:
             for w in writers:
                 u = w.upper
@@ -495,7 +489,7 @@ def throughput_one(url: str, committers: int, seconds: float, apply: bool, setup
     txns_id = str(ShardId.new())
     admin = TxnsHandle.open(setup.client, txns_id)
     ds = new_shards(committers)
-    admin.register(admin.upper, {d: SCHEMA for d in ds})
+    admin.register(admin.upper, dict.fromkeys(ds, SCHEMA))
     handles: list[tuple[Counted, TxnsHandle]] = []
     for _ in range(committers):
         cc = open_counted(url)
@@ -530,7 +524,7 @@ def throughput_one(url: str, committers: int, seconds: float, apply: bool, setup
                 except TimestampUnavailable as e:
                     st["lost"] += 1
                     ts = e.upper
-                except Exception:
+                except Exception:  # noqa: BLE001 - counted: the benchmark reports errors
                     st["errors"] += 1
                     ts = h.upper
             n += 1

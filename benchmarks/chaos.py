@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.chaos.driver import ChaosConfig, ChaosResult, run_chaos  # noqa: E402
+from tests.chaos.driver import ChaosConfig, ChaosResult, run_chaos
 
 CASES: dict[str, dict[str, str]] = {
     "s3": {"backend": "s3", "variant": "default"},
@@ -77,7 +77,8 @@ def row(case: str, r: ChaosResult) -> str:
     return (
         f"| {case} | {r.seed} | {r.durations.get('run', 0):.0f} | {r.durations.get('total', 0):.0f} | {r.acked} | "
         f"{r.ledger_rows} | {r.timestamps_checked} | {r.worker_kills} | {sum(r.worker_crashes.values())} | "
-        f"{sum(v for k, v in r.cli_runs.items() if not k.startswith('final'))} | {faults} | {ind}/{det}/{tsu} | {viol} |"
+        f"{sum(v for k, v in r.cli_runs.items() if not k.startswith('final'))} | {faults} | {ind}/{det}/{tsu} "
+        f"| {viol} |"
     )
 
 

@@ -270,6 +270,7 @@ class CountingBlob(Blob):
 
     def __init__(self, inner: Blob, counter: Counter) -> None:
         self.inner, self.counter = inner, counter
+        self.keys_nest = inner.keys_nest  # capabilities: those of what is wrapped
 
     def get(self, key: str) -> bytes | None:
         v = self.inner.get(key)
@@ -301,6 +302,9 @@ class CountingConsensus(Consensus):
 
     def __init__(self, inner: Consensus, counter: Counter) -> None:
         self.inner, self.counter = inner, counter
+        self.checks_expectation = inner.checks_expectation  # capabilities: those of what is wrapped
+        self.detects_truncated = inner.detects_truncated
+        self.lists_keys = inner.lists_keys
 
     def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         v = self.inner.head(key, hint)

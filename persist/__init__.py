@@ -17,8 +17,19 @@ immutable Parquet parts in blob storage.
 [((('ann',), (10,)), 0, 1)]
 >>> reader.snapshot_and_fetch(1)
 [((('ann',), (12,)), 1, 1)]
+
+The public API is what this package exports (below) plus the modules
+``persist.manifest`` (runs, parts and snapshot plans: what a distributed
+reader needs), ``persist.location`` and ``persist.url`` (storage backends and
+the URL registry), and ``persist.testing`` (test support). Everything under
+``persist._internal`` is private: code outside persist never imports it.
+``ShardState`` and ``HollowBatch`` are exported as read-only values (what a
+:class:`ShardView` returns); only handles change a shard.
 """
 
+from persist._internal.codec import crc32c, frame, unframe
+from persist._internal.retry import backoff, retry_storage
+from persist._internal.state import HollowBatch, ShardState
 from persist.batch import Batch, BatchBuilder
 from persist.client import PersistClient
 from persist.config import PersistConfig
@@ -29,14 +40,17 @@ from persist.errors import (
     Indeterminate,
     InvalidUsage,
     LeaseExpired,
+    PartRetired,
     PersistError,
     ReadBelowSince,
     ReadTimeout,
     SchemaMismatch,
     UpperMismatch,
 )
-from persist.read import DowngradeResult, Listen, Progress, ReadHandle, SinceHandle, SnapshotPlan, Updates
-from persist.schema import CLOSED, TS_MAX, Schema, ShardId
+from persist.manifest import PartRef, Run, SnapshotPlan, replan
+from persist.read import DowngradeResult, Listen, Progress, ReadHandle, SinceHandle, Updates
+from persist.schema import CLOSED, TS_MAX, Schema, ShardId, check_ts
+from persist.shard import ShardView
 from persist.write import WriteHandle
 
 __all__ = [
@@ -47,10 +61,13 @@ __all__ = [
     "Determinate",
     "DowngradeResult",
     "ExternalError",
+    "HollowBatch",
     "Indeterminate",
     "InvalidUsage",
     "LeaseExpired",
     "Listen",
+    "PartRef",
+    "PartRetired",
     "PersistClient",
     "PersistConfig",
     "PersistError",
@@ -58,13 +75,23 @@ __all__ = [
     "ReadBelowSince",
     "ReadHandle",
     "ReadTimeout",
+    "Run",
     "Schema",
     "SchemaMismatch",
     "ShardId",
+    "ShardState",
+    "ShardView",
     "SinceHandle",
     "SnapshotPlan",
     "TS_MAX",
     "Updates",
     "UpperMismatch",
     "WriteHandle",
+    "backoff",
+    "check_ts",
+    "crc32c",
+    "frame",
+    "replan",
+    "retry_storage",
+    "unframe",
 ]

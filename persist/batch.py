@@ -16,16 +16,26 @@ import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
 from persist._internal.codec import KIND_BATCH, frame, unframe
+from persist._internal.parts import (
+    PartRef,
+    Run,
+    encode_inline,
+    part_key,
+    runs_rows,
+    runs_size,
+    sort_updates,
+    write_part,
+)
+from persist._internal.retry import retry_storage
 from persist.config import PersistConfig
 from persist.errors import InvalidUsage
 from persist.location import Blob
-from persist._internal.retry import retry_storage
-from persist._internal.parts import PartRef, Run, encode_inline, part_key, runs_rows, runs_size, sort_updates, write_part
-from persist.schema import CLOSED, Schema, schema_fingerprint, check_table, check_ts, check_upper, rows_to_table
+from persist.schema import CLOSED, Schema, check_table, check_ts, check_upper, rows_to_table, schema_fingerprint
 
 _CHUNK_ROWS = 8192
 
@@ -43,10 +53,10 @@ class Batch:
     lower: int
     upper: int
     runs: tuple[Run, ...]
-    schema_text: str  # the schema's text or its fingerprint; kept as the fingerprint
+    schema_fingerprint: str  # given the schema's text or its fingerprint; kept as the fingerprint
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "schema_text", schema_fingerprint(self.schema_text))
+        object.__setattr__(self, "schema_fingerprint", schema_fingerprint(self.schema_fingerprint))
 
     @property
     def rows(self) -> int:
@@ -86,18 +96,19 @@ class Batch:
             "lower": self.lower,
             "upper": self.upper,
             "runs": [r.to_json() for r in self.runs],
-            "schema": schema_fingerprint(self.schema_text),
+            "schema": self.schema_fingerprint,
         }
         return frame(KIND_BATCH, json.dumps(j, separators=(",", ":")).encode())
 
     @staticmethod
     def from_bytes(data: bytes) -> Batch:
         j = json.loads(unframe("serialized batch", data, KIND_BATCH))
-        return Batch(j["shard_id"], j["id"], j["lower"], j["upper"], tuple(Run.from_json(r) for r in j["runs"]), j["schema"])
+        runs = tuple(Run.from_json(r) for r in j["runs"])
+        return Batch(j["shard_id"], j["id"], j["lower"], j["upper"], runs, j["schema"])
 
     def same_schema(self, schema_text: str) -> bool:
         """Whether this batch was written with the schema whose text is ``schema_text``."""
-        return schema_fingerprint(self.schema_text) == schema_fingerprint(schema_text)
+        return self.schema_fingerprint == schema_fingerprint(schema_text)
 
     def delete(self, blob: Blob) -> None:
         """Delete this batch's parts. Only for a batch that was never appended."""
@@ -146,7 +157,7 @@ class BatchBuilder:
         self.lower, self.upper, self.config = lower, upper, config
         self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
         self.id = uuid.uuid4().hex  # the batch's id, the same on every finish attempt
-        self._rows: list = []
+        self._rows: list[Any] = []
         self._tables: list[pa.Table] = []
         self._buffered = 0
         self._slots: list[_Slot] = []
@@ -154,7 +165,7 @@ class BatchBuilder:
         self._count = 0
         self._result: Batch | None = None
 
-    def add(self, key: tuple, val: tuple, ts: int, diff: int) -> None:
+    def add(self, key: tuple[Any, ...], val: tuple[Any, ...], ts: int, diff: int) -> None:
         """Add one update ``((key, val), ts, diff)``."""
         self._check_open()
         if len(self._rows) + 1 >= _CHUNK_ROWS:
@@ -163,7 +174,7 @@ class BatchBuilder:
         if len(self._rows) >= _CHUNK_ROWS:
             self._take_rows()
 
-    def add_updates(self, updates: Iterable) -> None:
+    def add_updates(self, updates: Iterable[Any]) -> None:
         """Add updates ``((key, val), ts, diff)``; their shape is checked when rows are taken."""
         self._check_open()
         for upd in updates:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
+from persist._internal.machine import Machine
+from persist._internal.parts import part_written_ms
+from persist._internal.retry import retry_storage
+from persist._internal.state import CriticalReaderState, ShardState
 from persist.config import PersistConfig
 from persist.errors import InvalidUsage, note_write, operation
-from persist._internal.machine import Machine
-from persist._internal.retry import retry_storage
-from persist._internal.parts import part_written_ms
 from persist.read import ReadHandle, SinceHandle
 from persist.schema import Schema, ShardId
-from persist._internal.state import CriticalReaderState, LeasedReaderState, ShardState
+from persist.shard import ShardView
 from persist.url import Location, open_location
 from persist.write import WriteHandle
 
@@ -54,13 +56,17 @@ class PersistClient:
     def url(self) -> str:
         return self.location.url
 
-    def machine(self, shard_id: ShardId | str) -> Machine:
+    def _machine(self, shard_id: ShardId | str) -> Machine:
         """The (shared, cached) state machine of a shard."""
         sid = str(_shard_id(shard_id))
         with self._lock:
             if sid not in self._machines:
                 self._machines[sid] = Machine(self.consensus, sid, self.config)
             return self._machines[sid]
+
+    def shard(self, shard_id: ShardId | str) -> ShardView:
+        """Read-only access to a shard's metadata (its since, upper and batches), followed by this client."""
+        return ShardView(self.blob, self._machine(shard_id), self.config)
 
     def open_writer(
         self, shard_id: ShardId | str, schema: Schema, inline_max_bytes: int | None = None
@@ -70,7 +76,7 @@ class PersistClient:
         ``inline_max_bytes`` overrides the config's threshold for this writer's batches.
         """
         _check_schema(schema)
-        m = self.machine(shard_id)
+        m = self._machine(shard_id)
         _check_against(m.state(), schema)
         return WriteHandle(self.blob, m, schema, self.config, inline_max_bytes)
 
@@ -82,26 +88,25 @@ class PersistClient:
         def transition(s: ShardState) -> tuple[None, bool]:
             return None, s.register_schema(text, schema.describe())
 
-        self.machine(shard_id).apply(transition)
+        self._machine(shard_id).apply(transition)
 
     def shard_schema(self, shard_id: ShardId | str) -> Schema | None:
         """The shard's registered schema, or None if it has none yet."""
-        m = self.machine(shard_id)
+        m = self._machine(shard_id)
         text = m.state().schema or m.fetch().schema
         return Schema.from_text(text) if text else None
 
     def open_leased_reader(self, shard_id: ShardId | str, schema: Schema) -> ReadHandle:
         """A reader holding the shard's since at its current value, with a lease."""
         _check_schema(schema)
-        m = self.machine(shard_id)
+        m = self._machine(shard_id)
         reader_id = "r" + uuid.uuid4().hex
         lease_ms = int(self.config.reader_lease_s * 1000)
         text = schema.to_text()
 
         def transition(s: ShardState) -> tuple[int, bool]:
             s.register_schema(text, schema.describe())
-            s.leased[reader_id] = LeasedReaderState(s.since, self.config.clock_ms(), lease_ms)
-            return s.since, True
+            return s.add_leased_reader(reader_id, self.config.clock_ms(), lease_ms), True
 
         since = m.apply(transition)
         return ReadHandle(self.blob, m, schema, self.config, reader_id, since)
@@ -122,15 +127,12 @@ class PersistClient:
         if schema is not None:
             _check_schema(schema)
         text = schema.to_text() if schema is not None else None
-        m = self.machine(shard_id)
+        m = self._machine(shard_id)
 
         def transition(s: ShardState) -> tuple[CriticalReaderState, bool]:
-            changed = schema is not None and s.register_schema(text, schema.describe())
-            cur = s.critical.get(reader_id)
-            if cur is not None:
-                return cur, changed
-            s.critical[reader_id] = CriticalReaderState(s.since, opaque)
-            return s.critical[reader_id], True
+            changed = schema is not None and text is not None and s.register_schema(text, schema.describe())
+            cur, added = s.register_critical_reader(reader_id, opaque)
+            return cur, changed or added
 
         cur = m.apply(transition)
         return SinceHandle(m, reader_id, cur.since, cur.opaque)
@@ -145,7 +147,7 @@ class PersistClient:
         dropped table once the drop is older than the table's retention).
         Idempotent; returns whether this call retired it.
         """
-        m = self.machine(shard_id)
+        m = self._machine(shard_id)
         now = self.config.clock_ms()
 
         def transition(s: ShardState) -> tuple[bool, bool]:
@@ -154,9 +156,9 @@ class PersistClient:
 
         return m.apply(transition)
 
-    def inspect(self, shard_id: ShardId | str) -> dict:
+    def inspect(self, shard_id: ShardId | str) -> dict[str, Any]:
         """A summary of a shard's state, for tools (read fresh from storage)."""
-        s = self.machine(shard_id).fetch()
+        s = self._machine(shard_id).fetch()
         return {
             "shard_id": s.shard_id,
             "seqno": s.seqno,
@@ -184,7 +186,7 @@ class PersistClient:
             return self._gc_leaked(str(_shard_id(shard_id)), older_than_s, keep)
 
     def _gc_leaked(self, sid: str, older_than_s: float, keep: set[str] | None) -> int:
-        state = self.machine(sid).fetch()
+        state = self._machine(sid).fetch()
         live = state.part_keys() | {k for k, _ in state.garbage} | (keep or set())
         # part keys carry the wall-clock time they were written at (parts.part_key)
         horizon = int(time.time() * 1000) - int(older_than_s * 1000)

@@ -17,6 +17,11 @@ Few kinds, each telling the caller what to do:
   corrupt is ever returned; the message names the key.
 - ``ReadTimeout``: a read waited the bounded time for the upper to pass its
   ``as_of`` and gave up. Nothing was changed.
+- ``PartRetired``: a read planned against an older state found one of its
+  parts gone: compaction replaced it after the plan was made (and the grace
+  period passed). Nothing is wrong with the data: plan the read again
+  (:func:`persist.replan` does). A part the current state still references
+  is never reported so: that is ``CorruptObject``.
 
 The outcome rule, kept by every write path of persist and txns (append,
 batch append, since downgrades, register, forget, apply, commit,
@@ -100,6 +105,14 @@ class ReadTimeout(PersistError):
     def __init__(self, message: str, upper: int) -> None:
         super().__init__(message)
         self.upper = upper
+
+
+class PartRetired(PersistError):
+    """A planned read found a part that compaction retired since. Plan the read again (``persist.replan``)."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key  # the retired part's blob key ("" when re-raised from a Spark executor's message)
 
 
 class LeaseExpired(PersistError):

@@ -663,7 +663,9 @@ class FaultProxy:
                 self._count(Fault.ERROR_503.value)
                 with self._lock:
                     code = self._rng.choice(["SlowDown", "ServiceUnavailable"])
-            message = "Please reduce your request rate." if code == "SlowDown" else "Service is unable to handle request."
+            message = (
+                "Please reduce your request rate." if code == "SlowDown" else "Service is unable to handle request."
+            )
             reply = self._simple_reply(503, "Service Unavailable", code, message, req.target.split("?", 1)[0], not keep)
             if req.method == "HEAD":  # a reply to HEAD has no body (the length stays declared)
                 reply = reply[: reply.index(b"\r\n\r\n") + 4]

@@ -111,6 +111,8 @@ def _write_temp(directory: Path, data: bytes) -> Path:
 class FileBlob(Blob):
     """Blobs as files under ``root/blob``."""
 
+    keys_nest = False  # "a" is a file or a directory, not both
+
     def __init__(self, root: Path) -> None:
         self._root = Path(root) / "blob"
         try:
@@ -240,6 +242,8 @@ class FileConsensus(Consensus):
     already exists: the link is the arbiter among racing writers (threads or
     processes), so exactly one of them commits.
     """
+
+    lists_keys = True
 
     def __init__(self, root: Path) -> None:
         self._root = Path(root) / "consensus"

@@ -51,7 +51,17 @@ class Blob(ABC):
       may not appear). Order is unspecified.
     Persist writes each data object once, under a unique key, and never
     overwrites it, so readers never race a change of contents.
+
+    Capabilities: class attributes a backend sets when it differs from the
+    default; wrappers forward those of what they wrap. The conformance suite
+    (:class:`persist.testing.BlobConformance`) checks what each one claims.
     """
+
+    keys_nest: bool = True
+    """Whether a key may also be the directory part of other keys (``a`` and
+    ``a/b`` both set). False (the file backend, where ``a`` is a file or a
+    directory): the second ``set`` raises ``InvalidUsage`` and changes nothing.
+    Persist's own keys never nest, so it works either way."""
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -69,7 +79,7 @@ class Blob(ABC):
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every key that starts with ``prefix``."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional to override: a no-op by default
         """Release resources. The default does nothing."""
 
 
@@ -98,7 +108,30 @@ class Consensus(ABC):
     truncates only versions written longer ago than its retention period and
     re-reads the head before any compare-and-set whose expectation is older
     than half that period (see design.md, "Consensus truncation").
+
+    Capabilities: class attributes a backend sets when it differs from the
+    default (the default is the full contract above); wrappers forward those
+    of what they wrap. The conformance suite
+    (:class:`persist.testing.ConsensusConformance`) checks what each one claims.
     """
+
+    checks_expectation: bool = True
+    """Whether ``compare_and_set`` compares ``expected`` with the head, so that
+    an ``expected`` ahead of the head (a version never written) is a MISMATCH.
+    False for put-if-absent backends (S3's conditional PUT): they write
+    version ``expected + 1`` whenever it is absent, leaving a gap. Persist
+    never passes an ``expected`` it has not read, so it works either way."""
+
+    detects_truncated: bool = True
+    """Whether a ``compare_and_set`` whose ``expected`` is below a truncated
+    head (None after version 1 was truncated, or a truncated seqno) is a
+    MISMATCH. False for put-if-absent backends, which cannot tell a truncated
+    version from one never written: callers rely on the time horizon of the
+    SUBTLE note above."""
+
+    lists_keys: bool = False
+    """Whether :meth:`list_keys` is implemented (it is optional: the default
+    raises ``NotImplementedError``). Only tools use it."""
 
     @abstractmethod
     def head(self, key: str, hint: int | None = None) -> VersionedData | None:
@@ -124,7 +157,7 @@ class Consensus(ABC):
         """Every key with at least one version (for tools). Optional."""
         raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional to override: a no-op by default
         """Release resources. The default does nothing."""
 
 

@@ -42,6 +42,8 @@ class MemBlob(Blob):
 class MemConsensus(Consensus):
     """A dict of version lists behind a lock."""
 
+    lists_keys = True
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._data: dict[str, list[VersionedData]] = {}

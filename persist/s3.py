@@ -283,6 +283,12 @@ class S3Consensus(_S3Base, Consensus):
     stale or missing hint costs a longer listing, never a wrong answer).
     """
 
+    # compare_and_set is one put-if-absent of version expected + 1, no read
+    # of the head (see the module doc and the SUBTLE note on Consensus)
+    checks_expectation = False
+    detects_truncated = False
+    lists_keys = True
+
     def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         super().__init__(client, bucket, prefix, "consensus")
 

@@ -14,6 +14,7 @@ import hashlib
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -143,13 +144,13 @@ def check_upper(upper: object, what: str = "upper") -> int:
     return upper
 
 
-def rows_to_table(schema: Schema, updates: list) -> pa.Table:
+def rows_to_table(schema: Schema, updates: list[Any]) -> pa.Table:
     """Updates ``((key, val), ts, diff)`` as an Arrow table of ``schema.arrow``.
 
     Raises SchemaMismatch naming the first bad update and field.
     """
     nk, nv = len(schema.key), len(schema.val)
-    cols: list[list] = [[] for _ in range(nk + nv + 2)]
+    cols: list[list[Any]] = [[] for _ in range(nk + nv + 2)]
     for i, upd in enumerate(updates):
         try:
             (key, val), ts, diff = upd
@@ -182,7 +183,7 @@ def rows_to_table(schema: Schema, updates: list) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema.arrow)
 
 
-def _first_bad(col: list, typ: pa.DataType) -> tuple[int, object]:
+def _first_bad(col: list[Any], typ: pa.DataType) -> tuple[int, object]:
     for i, x in enumerate(col):
         try:
             pa.array([x], type=typ)
@@ -219,7 +220,7 @@ def _fits(x: object, typ: pa.DataType) -> bool:
             return False
         bits = typ.bit_width
         lo, hi = (0, 2**bits - 1) if pa.types.is_unsigned_integer(typ) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-        return lo <= x <= hi
+        return bool(lo <= x <= hi)  # bool(): bounds from pyarrow's bit_width are Any to mypy
     if pa.types.is_floating(typ):
         return isinstance(x, (int, float)) and not isinstance(x, bool)
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):

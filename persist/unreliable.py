@@ -272,6 +272,7 @@ class CountingBlob(_Wrapper, Blob):
         self.inner = inner
         self.counters = counters if counters is not None else Counters()
         self._faults = None
+        self.keys_nest = inner.keys_nest  # capabilities: those of what is wrapped
 
     def get(self, key: str) -> bytes | None:
         return self._run(
@@ -298,6 +299,10 @@ class CountingConsensus(_Wrapper, Consensus):
         self.inner = inner
         self.counters = counters if counters is not None else Counters()
         self._faults = None
+        # capabilities: those of what is wrapped
+        self.checks_expectation = inner.checks_expectation
+        self.detects_truncated = inner.detects_truncated
+        self.lists_keys = inner.lists_keys
 
     def head(self, key: str, hint: int | None = None) -> VersionedData | None:
         return self._run(

@@ -14,16 +14,26 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from persist.batch import Batch, BatchBuilder
-from persist._internal.merge import apply_merged, merge_batches
-from persist.config import PersistConfig
-from persist.errors import CorruptObject, ExternalError, InvalidUsage, SchemaMismatch, UpperMismatch, note_write, operation
-from persist.location import Blob
 from persist._internal.machine import Machine
-from persist._internal.parts import MissingPart
+from persist._internal.merge import apply_merged, merge_batches
+from persist._internal.parts import MissingPart, Run
+from persist._internal.state import HollowBatch, ShardState
+from persist.batch import Batch, BatchBuilder
+from persist.config import PersistConfig
+from persist.errors import (
+    CorruptObject,
+    ExternalError,
+    InvalidUsage,
+    SchemaMismatch,
+    UpperMismatch,
+    note_write,
+    operation,
+)
+from persist.location import Blob
 from persist.schema import CLOSED, Schema, check_ts, check_upper
-from persist._internal.state import ShardState
+from persist.shard import ShardView
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +54,9 @@ class WriteHandle:
     def __init__(
         self, blob: Blob, machine: Machine, schema: Schema, config: PersistConfig, inline_max_bytes: int | None = None
     ) -> None:
-        self.blob, self.machine, self.schema, self.config = blob, machine, schema, config
+        self.blob, self.schema, self.config = blob, schema, config
+        self._machine = machine
+        self.shard = ShardView(blob, machine, config)
         self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
         #: compaction output up to this size stays inline in the state
         self.compaction_inline_max_bytes = self.inline_max_bytes
@@ -57,11 +69,11 @@ class WriteHandle:
     @property
     def upper(self) -> int:
         """The shard's upper as this handle last saw it."""
-        return self.machine.state().upper
+        return self._machine.state().upper
 
     def fetch_recent_upper(self) -> int:
         """The shard's upper, read from storage now."""
-        return self.machine.fetch().upper
+        return self._machine.fetch().upper
 
     # ---- batches --------------------------------------------------------------
 
@@ -71,7 +83,7 @@ class WriteHandle:
             self.blob, self.shard_id, self.schema, lower, upper, self.config, inline_max_bytes=self.inline_max_bytes
         )
 
-    def batch(self, updates: Iterable, lower: int, upper: int) -> Batch:
+    def batch(self, updates: Iterable[Any], lower: int, upper: int) -> Batch:
         """Write ``updates`` as a batch with bounds ``[lower, upper)``."""
         b = self.builder(lower, upper)
         b.add_updates(updates)
@@ -80,7 +92,7 @@ class WriteHandle:
     # ---- appends ---------------------------------------------------------------
 
     def compare_and_append(
-        self, updates: Iterable, expected_upper: int, new_upper: int, token: str | None = None
+        self, updates: Iterable[Any], expected_upper: int, new_upper: int, token: str | None = None
     ) -> None:
         """Append ``updates`` iff the shard's upper is ``expected_upper``; advance it to ``new_upper``.
 
@@ -104,7 +116,7 @@ class WriteHandle:
             # SUBTLE: unless this very call's first CAS landed and reported a
             # timeout (the machine re-ran it and saw the token): then the state
             # references these parts, and deleting them would lose data.
-            state = self.machine.state()
+            state = self._machine.state()
             live = state.part_keys() | {k for k, _ in state.garbage}
             _delete_quietly(self.blob, [p.key for p in batch.parts if p.key not in live])
 
@@ -152,7 +164,7 @@ class WriteHandle:
                 return False, changed
             return True, True
 
-        appended = self.machine.apply(transition)
+        appended = self._machine.apply(transition)
         if runs and self.auto_maintain:
             self.maintain()
         return appended
@@ -174,7 +186,7 @@ class WriteHandle:
             if self.config.compaction_enabled:
                 self.compact()
             self.collect_garbage()
-        except (ExternalError, MissingPart) as e:
+        except ExternalError as e:
             log.debug("maintenance of %s deferred: %s", self.shard_id, e)
         except CorruptObject as e:
             # SUBTLE: the append that asked for this maintenance has committed;
@@ -189,7 +201,7 @@ class WriteHandle:
     def _compact(self, max_rounds: int) -> int:
         applied = 0
         for _ in range(max_rounds):
-            state = self.machine.state()
+            state = self._machine.state()
             inputs = state.compaction_request(self.config.compaction_max_bytes)
             if not inputs:
                 break
@@ -205,14 +217,57 @@ class WriteHandle:
                 )
             except MissingPart as e:
                 # A stale cached state's part may have been retired and deleted
-                # since; a part that a fresh state still references is lost.
-                if e.key in self.machine.fetch().part_keys():
-                    raise CorruptObject(e.key, "a part the shard references is missing from blob storage") from None
+                # since (PartRetired: stop); a part a fresh state references is lost.
+                err = self.shard.missing_part(e.key)
+                if isinstance(err, CorruptObject):
+                    raise err from None
                 break
-            if not apply_merged(self.blob, self.machine, inputs, merged, self.config):
+            if not apply_merged(self.blob, self._machine, inputs, merged, self.config):
                 break
             applied += 1
         return applied
+
+    def apply_merged(self, inputs: Sequence[HollowBatch], runs: tuple[Run, ...], since: int) -> bool:
+        """Replace the contiguous batches ``inputs`` by one batch of ``runs`` (merged elsewhere, e.g. by Spark).
+
+        ``runs`` must hold the inputs' updates consolidated at ``since`` (no
+        later than the shard's since when the inputs were read). True if it
+        applied; False if another compaction replaced an input first (then
+        the parts of ``runs`` are deleted and nothing changes).
+        """
+        merged = HollowBatch(uuid.uuid4().hex, inputs[0].lower, inputs[-1].upper, since, runs)
+        with operation("compact"):
+            return apply_merged(self.blob, self._machine, inputs, merged, self.config)
+
+    def compact_all(self) -> dict[str, Any]:
+        """Merge every batch into one, consolidated at the since.
+
+        At once when the batches fit ``compaction_max_bytes``; else by policy
+        rounds. Then collect garbage. Returns ``{"before", "after"}`` counts (batches,
+        rows, parts), the ``since`` and whether everything was merged at once.
+        """
+        state = self.shard.fetch()
+        before = _counts(state)
+        batches = list(state.batches)
+        merged_all = False
+        if len(batches) >= 2 or (batches and batches[0].since < state.since and batches[0].rows):
+            if sum(b.size for b in batches) <= self.config.compaction_max_bytes:
+                with operation("compact"):
+                    merged = merge_batches(
+                        self.blob,
+                        self.shard_id,
+                        self.schema.arrow,
+                        batches,
+                        state.since,
+                        self.config,
+                        self.compaction_inline_max_bytes,
+                    )
+                    merged_all = apply_merged(self.blob, self._machine, batches, merged, self.config)
+            else:
+                self.compact(max_rounds=16)
+        self.collect_garbage()
+        state = self.shard.fetch()
+        return {"before": before, "after": _counts(state), "since": state.since, "merged_all": merged_all}
 
     def collect_garbage(self) -> int:
         """Delete retired parts older than the grace period; forget them in the state."""
@@ -220,7 +275,7 @@ class WriteHandle:
             return self._collect_garbage()
 
     def _collect_garbage(self) -> int:
-        state = self.machine.state()
+        state = self._machine.state()
         horizon = self.config.clock_ms() - int(self.config.part_grace_s * 1000)
         due = [k for k, at in state.garbage if at <= horizon]
         if not due:
@@ -231,20 +286,22 @@ class WriteHandle:
         gone = set(due)
 
         def transition(s: ShardState) -> tuple[None, bool]:
-            before = len(s.garbage)
-            s.garbage = [(k, at) for k, at in s.garbage if k not in gone]
-            return None, len(s.garbage) != before
+            return None, s.forget_garbage(gone)
 
-        self.machine.apply(transition)
+        self._machine.apply(transition)
         return len(due)
 
     def expire(self) -> None:
         """Drop this writer's registration (its idempotency record)."""
 
         def transition(s: ShardState) -> tuple[None, bool]:
-            return None, s.writers.pop(self.writer_id, None) is not None
+            return None, s.expire_writer(self.writer_id)
 
-        self.machine.apply(transition)
+        self._machine.apply(transition)
+
+
+def _counts(state: ShardState) -> dict[str, int]:
+    return {"batches": len(state.batches), "rows": sum(b.rows for b in state.batches), "parts": len(state.part_keys())}
 
 
 def _delete_quietly(blob: Blob, keys: Iterable[str]) -> None:

@@ -14,6 +14,7 @@ MODULES = [
     "persist.read",
     "persist.write",
     "persist.batch",
+    "persist.url",
     "txns",
     "txns.handle",
     "txns.subscribe",
@@ -27,5 +28,15 @@ def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0, f"{result.failed} doctest example(s) failed in {name}"
-    if name in ("persist", "txns", "txns.handle", "txns.subscribe", "persist.client", "persist.read", "txns.db", "txns.db.database"):
+    if name in (
+        "persist",
+        "persist.url",
+        "txns",
+        "txns.handle",
+        "txns.subscribe",
+        "persist.client",
+        "persist.read",
+        "txns.db",
+        "txns.db.database",
+    ):
         assert result.attempted > 0, f"{name} lost its usage example"

@@ -21,15 +21,11 @@
 [(((1,), ()), 4, -1)]
 """
 
+from persist import ReadBelowSince, ReadTimeout, SchemaMismatch  # errors db users meet
 from txns.cache import ListenNext, TxnsCache
-from txns.entries import TXNS_SCHEMA, Entry
-from txns.errors import NotRegistered, TimestampUnavailable
-from txns.handle import DataSnapshot, TxnsHandle
-from txns.subscribe import DataSubscribe
-from txns.txn import Tidy, Txn, TxnApply
 
-# The database layer (names, Arrow, history, retention) on top of the above.
-from txns.db import (  # noqa: E402 - after the core it builds on
+# The database layer (names, Arrow, history, retention), on top of the core modules.
+from txns.db import (
     Abort,
     CommitInfo,
     Database,
@@ -45,7 +41,11 @@ from txns.db import (  # noqa: E402 - after the core it builds on
     TransactionConflict,
     connect,
 )
-from persist import ReadBelowSince, ReadTimeout, SchemaMismatch  # noqa: E402 - errors db users meet
+from txns.entries import TXNS_SCHEMA, Entry
+from txns.errors import NotRegistered, TimestampUnavailable
+from txns.handle import DataSnapshot, TxnsHandle
+from txns.subscribe import DataSubscribe
+from txns.txn import Tidy, Txn, TxnApply
 
 __all__ = [
     "Abort",

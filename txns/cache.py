@@ -26,21 +26,25 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import logging
-import contextlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import CorruptObject, ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout
+from persist import ExternalError, LeaseExpired, PersistClient, ReadHandle, ReadTimeout, ShardState, replan
 from persist.errors import aside
-from persist._internal.parts import MissingPart, consolidate
-from persist.read import batch_tables, fetch_plan, plan_at, to_updates
-from persist._internal.state import ShardState
+from persist.manifest import consolidate
+from persist.shard import to_updates
 from txns.entries import TXNS_SCHEMA, Entry
+
+if TYPE_CHECKING:
+    from txns.handle import DataSnapshot, TxnsHandle
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,9 @@ class ListenNext:
 class TxnsCache:
     """The txns shard as of ``frontier``. Obtain it with ``TxnsHandle.read_cache()``."""
 
-    def __init__(self, client: PersistClient, txns_id: str, handle: object | None = None, hold: bool = True) -> None:
+    def __init__(
+        self, client: PersistClient, txns_id: str, handle: TxnsHandle | None = None, hold: bool = True
+    ) -> None:
         self.client = client
         self.txns_id = txns_id
         self._handle = handle
@@ -89,7 +95,7 @@ class TxnsCache:
             return
         client, txns_id = self.client, self.txns_id
         reader = client.open_leased_reader(txns_id, TXNS_SCHEMA)
-        state = reader.machine.state()
+        state = reader.shard.state()
         # SUBTLE: read the snapshot before resetting anything. A restart (our
         # lease lapsed) that failed after resetting would leave this cache
         # empty at its old frontier with a live reader, so it would never
@@ -103,24 +109,23 @@ class TxnsCache:
                 reader.expire()
             raise
         self.reader = reader
-        self.machine = reader.machine
+        self.shard = reader.shard
         self._reset(reader.since, state, snapshot)
 
     def _start_unheld(self) -> None:
         """Start from a snapshot at the shard's since, holding nothing."""
-        self.machine = self.client.machine(self.txns_id)
-        for attempt in range(3):
-            state = self.machine.fetch()
-            try:
-                plan = plan_at(state, TXNS_SCHEMA, state.since) if state.upper > state.since else None
-                snapshot = fetch_plan(self.client.blob, plan, self.client.config.retry_deadline_s) if plan else None
-                break
-            except MissingPart:  # compaction retired a part after we planned: plan again
-                if attempt == 2:
-                    raise
+        self.shard = shard = self.client.shard(self.txns_id)
+
+        def read() -> tuple[ShardState, list[Any] | None]:
+            state = shard.fetch()
+            if state.upper <= state.since:
+                return state, None
+            return state, shard.fetch_plan(shard.plan(TXNS_SCHEMA, state.since, state))
+
+        state, snapshot = replan(read)
         self._reset(state.since, state, snapshot)
 
-    def _reset(self, since: int, state: ShardState, snapshot: list | None) -> None:
+    def _reset(self, since: int, state: ShardState, snapshot: list[Any] | None) -> None:
         self.registrations: dict[str, list[Registration]] = defaultdict(list)
         self.entries: dict[Entry, int] = {}
         self.writes: dict[str, list[int]] = defaultdict(list)
@@ -132,7 +137,7 @@ class TxnsCache:
             self.frontier = self.since + 1
         else:
             self.frontier = state.upper
-        self._absorb(self.machine.state())
+        self._absorb(self.shard.state())
 
     # ---- following the txns shard ----------------------------------------------
 
@@ -170,27 +175,29 @@ class TxnsCache:
             # Without a hold, compaction may pass our frontier: start over likewise.
             self._start()
             return
-        for attempt in range(3):
-            try:
-                self._read_batches(state)
-                break
-            except MissingPart as e:
-                # SUBTLE: a cached state can name parts that compaction retired and
-                # GC deleted since (after part_grace_s). A fresh state names the
-                # merged parts instead; read on from the frontier (each batch is
-                # processed whole or not at all). A part a fresh state names is lost.
-                state = self.machine.fetch()
-                if e.key in state.part_keys():
-                    raise CorruptObject(e.key, "a part the txns shard references is missing") from None
-                if attempt == 2:
-                    raise
-        self._compact(state.since)
+        retried = False
+
+        def read() -> ShardState:
+            # SUBTLE: a cached state can name parts that compaction retired and
+            # GC deleted since (after part_grace_s). The failed attempt's check
+            # (ShardView.missing_part: CorruptObject if a fresh state still names
+            # the part) fetched a fresh state, which names the merged parts
+            # instead: read on from the frontier with it (each batch is
+            # processed whole or not at all).
+            nonlocal retried
+            current = self.shard.state() if retried else state
+            retried = True
+            self._read_batches(current)
+            return current
+
+        state = replan(read)
+        self._trim(state.since)
 
     def _read_batches(self, state: ShardState) -> None:
         for batch in state.batches:
             if batch.upper <= self.frontier:
                 continue
-            tables = list(batch_tables(self.client.blob, batch, TXNS_SCHEMA.arrow, self.client.config.retry_deadline_s))
+            tables = list(self.shard.read_batch(batch, TXNS_SCHEMA.arrow))
             if tables:
                 t = pa.concat_tables(tables)
                 t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(self.frontier, pa.uint64())))
@@ -201,11 +208,11 @@ class TxnsCache:
                         self._process(Entry.from_kv(key, val), at, diff)
             self.frontier = batch.upper
 
-    def _compact(self, shard_since: int) -> None:
+    def _trim(self, shard_since: int) -> None:
         """Forget write times below the txns shard's since; move our hold up."""
         if shard_since > self.since:
             self.since = shard_since
-            for d, w in self.writes.items():
+            for w in self.writes.values():
                 i = bisect.bisect_left(w, shard_since)
                 if i:
                     del w[:i]
@@ -234,11 +241,11 @@ class TxnsCache:
 
     def sync_cached(self) -> None:
         """Catch up with the state this process already holds (no storage request)."""
-        self._absorb(self.machine.state())
+        self._absorb(self.shard.state())
 
     def sync(self) -> None:
         """Catch up with the txns shard as it is in storage now."""
-        self._absorb(self.machine.fetch())
+        self._absorb(self.shard.fetch())
 
     def update_gt(self, ts: int, wait_s: float | None = None) -> None:
         """Catch up until the frontier is past ``ts``, waiting up to ``wait_s``; else ReadTimeout."""
@@ -248,14 +255,14 @@ class TxnsCache:
         """Catch up until the frontier is at least ``ts``, waiting up to ``wait_s``; else ReadTimeout."""
         self._update(lambda: self.frontier >= ts, ts, wait_s)
 
-    def _update(self, done, want: int, wait_s: float | None) -> None:  # type: ignore[no-untyped-def]
+    def _update(self, done: Callable[[], bool], want: int, wait_s: float | None) -> None:
         self.sync_cached()
         if done():
             return
         wait = self.client.config.read_wait_s if wait_s is None else wait_s
         # after absorbing a state the frontier is its upper
-        state = self.machine.wait_for(lambda s: s.upper >= want, wait)
-        self._absorb(state if state is not None else self.machine.state())
+        state = self.shard.wait_for(lambda s: s.upper >= want, wait)
+        self._absorb(state if state is not None else self.shard.state())
         if not done():
             raise ReadTimeout(
                 f"txns shard {self.txns_id}: upper is {self.frontier}, not {want} after waiting {wait}s; "
@@ -306,7 +313,7 @@ class TxnsCache:
             return ListenNext(ListenKind.READ_DATA_TO, w + 1)
         return ListenNext(ListenKind.EMIT_PROGRESS, self.frontier)
 
-    def data_snapshot(self, data_id: str, as_of: int):  # type: ignore[no-untyped-def]
+    def data_snapshot(self, data_id: str, as_of: int) -> DataSnapshot:
         """A snapshot of ``data_id`` at ``as_of``, made readable (see ``TxnsHandle.snapshot``)."""
         if self._handle is None:
             raise RuntimeError("this cache has no handle to apply with; use TxnsHandle.read_cache()")

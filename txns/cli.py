@@ -52,17 +52,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
-from urllib.parse import unquote
+from typing import TYPE_CHECKING, Any, TextIO
 
-from persist import Batch, InvalidUsage, PersistClient, PersistError, ShardId
-from persist._internal.parts import MissingPart
-from persist.read import fetch_plan, plan_at
-from persist._internal.state import ShardState
-from persist.url import redact
-from txns.db.commands import UsageError, add_commands, compact_db, gc_reason, table_names, txns_id_of
+from persist import Batch, InvalidUsage, PersistClient, PersistError, ShardId, ShardState, replan
+from persist.url import accepted_forms, local_path, redact
 from txns.commits import commits_shard_id
+from txns.db.commands import UsageError, add_commands, compact_db, gc_reason, table_names, txns_id_of
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import TimestampUnavailable
 from txns.handle import TxnsHandle
@@ -106,9 +101,9 @@ class TxnsView:
     since: int
     registered: dict[str, int]  # data shard id -> register ts
     entries: tuple[EntryInfo, ...]
-    data: dict[str, dict]  # data shard id -> PersistClient.inspect(...)
+    data: dict[str, dict[str, Any]]  # data shard id -> PersistClient.inspect(...)
 
-    def to_json(self, url: str) -> dict:
+    def to_json(self, url: str) -> dict[str, Any]:
         """The stable dict of ``txns inspect --json`` (see :func:`inspect_txns`)."""
         shards = {}
         for d in sorted(set(self.registered) | {e.data_id for e in self.entries}):
@@ -157,18 +152,14 @@ def parse_txns_id(text: str) -> str:
 
 
 def open_store(url: str, must_exist: bool = True) -> PersistClient:
-    """A client for ``url``. With ``must_exist``, a ``file://`` directory that is absent is an error.
+    """A client for ``url``. With ``must_exist``, a local directory (``file://``) that is absent is an error.
 
     (Opening a ``file://`` location creates its directory; an operator
     command on a mistyped path should say so instead.)
     """
-    scheme, sep, rest = url.partition("://")
-    if must_exist and sep and scheme.lower() == "file" and "?" not in rest and "#" not in rest:
-        path = unquote(rest)
-        if path.startswith("localhost/"):
-            path = path[len("localhost") :]
-        if path and not Path(path).expanduser().is_dir():
-            raise CliError(f"no store at {redact(url)!r}: the directory {path!r} does not exist")
+    path = local_path(url) if must_exist else None
+    if path is not None and not path.is_dir():
+        raise CliError(f"no store at {redact(url)!r}: the directory {str(path)!r} does not exist")
     try:
         return PersistClient.open(url)
     except InvalidUsage as e:  # a bad URL, a missing bucket: the user's to fix (exit 2)
@@ -177,7 +168,7 @@ def open_store(url: str, must_exist: bool = True) -> PersistClient:
 
 
 def _txns_state(client: PersistClient, txns_id: str) -> ShardState:
-    state = client.machine(txns_id).fetch()
+    state = client.shard(txns_id).fetch()
     if state.seqno is None or state.schema is None:
         raise CliError(
             f"no txns shard {txns_id} at {redact(client.url)!r}; check the id and the URL "
@@ -196,20 +187,17 @@ def read_txns(client: PersistClient, txns_id: str, with_data: bool = True) -> Tx
     entry is ``applied`` iff its data shard's physical upper is past its
     commit time. CliError if there is no txns shard with that id.
     """
-    machine = client.machine(txns_id)
+    shard = client.shard(txns_id)
     state = _txns_state(client, txns_id)
-    updates: list = []
-    for attempt in range(5):
-        if state.upper == 0:
-            break
-        try:
-            updates = fetch_plan(client.blob, plan_at(state, TXNS_SCHEMA, state.upper - 1))
-            break
-        except MissingPart:
-            # a part retired by compaction after we read the state: read again
-            if attempt == 4:
-                raise
-            state = machine.fetch()
+
+    def read() -> tuple[ShardState, list[Any]]:
+        # a part retired by compaction after we read the state: the retry reads it again
+        current = shard.state()
+        if current.upper == 0:
+            return current, []
+        return current, shard.fetch_plan(shard.plan(TXNS_SCHEMA, current.upper - 1, current))
+
+    state, updates = replan(read)
     registered: dict[str, int] = {}
     raw: list[Entry] = []
     for (key, val), _ts, diff in updates:
@@ -220,7 +208,7 @@ def read_txns(client: PersistClient, txns_id: str, with_data: bool = True) -> Tx
             registered[e.data_id] = e.ts
         else:
             raw.extend([e] * diff)
-    data: dict[str, dict] = {}
+    data: dict[str, dict[str, Any]] = {}
     if with_data:
         for d in sorted(set(registered) | {e.data_id for e in raw}):
             data[d] = client.inspect(d)
@@ -241,7 +229,7 @@ def read_txns(client: PersistClient, txns_id: str, with_data: bool = True) -> Tx
     return TxnsView(txns_id, state.upper, state.since, registered, tuple(entries), data)
 
 
-def inspect_txns(url: str, txns_id: str) -> dict:
+def inspect_txns(url: str, txns_id: str) -> dict[str, Any]:
     """``txns inspect --json`` as a dict. Keys (stable)::
 
     url, txns_id, upper, since,
@@ -256,7 +244,7 @@ def inspect_txns(url: str, txns_id: str) -> dict:
     return read_txns(client, parse_txns_id(txns_id)).to_json(url)
 
 
-def render_inspect(j: dict, names: dict[str, str] | None = None) -> str:
+def render_inspect(j: dict[str, Any], names: dict[str, str] | None = None) -> str:
     """The human-readable form of an :func:`inspect_txns` dict (``names`` labels data shards)."""
     names = {j["commits_shard"]: "(commit records)", **(names or {})} if "commits_shard" in j else (names or {})
     out = [
@@ -323,7 +311,7 @@ def open_handle(client: PersistClient, txns_id: str) -> Iterator[TxnsHandle]:
             handle.close()
 
 
-def apply_and_tidy(handle: TxnsHandle) -> dict:
+def apply_and_tidy(handle: TxnsHandle) -> dict[str, Any]:
     """Apply everything committed, then retract the applied entries with one commit.
 
     The tidy commit goes at the current txns upper; when another writer takes
@@ -455,12 +443,12 @@ def _compact(client: PersistClient, txns_id: str, spark: SparkSession | None, ou
         upper = handle.cache.frontier
         since = handle.compact_to(upper - 1) if upper > 0 else 0
         out.write(f"txns shard {txns_id}: critical since {since} (upper {upper})\n")
-        handle.writer.machine.fetch()
-        n = _compact_all(handle.writer.compact)
+        handle.writer.shard.fetch()
+        n = _compact_until_done(handle.writer.compact)
         out.write(f"txns shard {txns_id}: {n} compactions\n")
         for d in sorted(handle.cache.registered_now()):
             w = handle.data_writer(d)
-            w.machine.fetch()
+            w.shard.fetch()
             before = client.inspect(d)
             if spark is not None:
                 import txns.spark as tspark
@@ -468,7 +456,7 @@ def _compact(client: PersistClient, txns_id: str, spark: SparkSession | None, ou
                 res = tspark.compact(spark, client.url, d)
                 how = "spark" if res is None or res.applied else "spark; lost a race to another compaction"
             else:
-                _compact_all(w.compact)
+                _compact_until_done(w.compact)
                 how = "in-process"
             after = client.inspect(d)
             out.write(
@@ -477,7 +465,7 @@ def _compact(client: PersistClient, txns_id: str, spark: SparkSession | None, ou
             )
 
 
-def _compact_all(compact: Callable[[], int], limit: int = 64) -> int:
+def _compact_until_done(compact: Callable[[], int], limit: int = 64) -> int:
     """Run a ``WriteHandle.compact`` until the policy asks for nothing more."""
     total = 0
     for _ in range(limit):
@@ -516,7 +504,7 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def collect_garbage(client: PersistClient, txns_id: str, older_than_s: float) -> dict[str, dict]:
+def collect_garbage(client: PersistClient, txns_id: str, older_than_s: float) -> dict[str, dict[str, Any]]:
     """GC the txns shard and every data shard it knows: retired parts, old versions, leaked parts.
 
     SUBTLE: the txns shard is read *before* any data shard is listed. A batch
@@ -532,17 +520,17 @@ def collect_garbage(client: PersistClient, txns_id: str, older_than_s: float) ->
         keep.setdefault(e.data_id, set()).update(e.parts)
         if not e.applied:
             kept[e.data_id] = kept.get(e.data_id, 0) + len(e.parts)
-    result: dict[str, dict] = {}
+    result: dict[str, dict[str, Any]] = {}
     shards = [(txns_id, "txns")] + [(d, "data") for d in sorted(set(view.registered) | set(keep))]
     for sid, kind in shards:
         schema = TXNS_SCHEMA if kind == "txns" else client.shard_schema(sid)
         if schema is None:
             continue
         w = client.open_writer(sid, schema)
-        w.machine.fetch()
+        w.shard.fetch()
         retired = w.collect_garbage()
-        w.machine.fetch()
-        versions = w.machine.truncate_old_versions()
+        w.shard.fetch()
+        versions = w.shard.truncate_old_versions()
         leaked = client.gc_leaked(sid, older_than_s, keep=keep.get(sid, set()))
         result[sid] = {
             "kind": kind,
@@ -592,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
 
     def target(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("url", metavar="URL", help="store URL: file:///PATH or s3://BUCKET/PREFIX?endpoint_url=...")
+        sp.add_argument("url", metavar="URL", help=f"store URL: {' or '.join(accepted_forms(shared_only=True))}")
         sp.add_argument(
             "txns_id",
             metavar="TXNS_ID",

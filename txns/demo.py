@@ -50,7 +50,9 @@ TOTAL = OPENING_BALANCE * len(ACCOUNTS)
 MAX_TRANSFER = 1_000
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "accounts": pa.schema([pa.field("account", pa.string(), nullable=False), pa.field("balance", pa.int64(), nullable=False)]),
+    "accounts": pa.schema(
+        [pa.field("account", pa.string(), nullable=False), pa.field("balance", pa.int64(), nullable=False)]
+    ),
     "transfers": pa.schema(
         [
             pa.field("transfer", pa.int64(), nullable=False),
@@ -59,7 +61,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("amount", pa.int64(), nullable=False),
         ]
     ),
-    "audit": pa.schema([pa.field("transfer", pa.int64(), nullable=False), pa.field("event", pa.string(), nullable=False)]),
+    "audit": pa.schema(
+        [pa.field("transfer", pa.int64(), nullable=False), pa.field("event", pa.string(), nullable=False)]
+    ),
 }
 """The demo's tables."""
 
@@ -211,18 +215,24 @@ def _run(
             if name in db.tables():
                 t.drop_table(name)
             t.create_table(name, SCHEMAS[name])
-    say(f"\n[1/6] one transaction created the tables ({', '.join(t.commit_info.operations)}):")
+    setup = t.commit_info
+    assert setup is not None  # the transaction committed
+    say(f"\n[1/6] one transaction created the tables ({', '.join(setup.operations)}):")
     for name, schema in SCHEMAS.items():
         say(f"      {name:<9} {', '.join(f'{f.name} {f.type}' for f in schema)}")
 
     # 2. the opening transaction: Arrow in
-    opening = pa.table({"account": list(ACCOUNTS), "balance": [OPENING_BALANCE] * len(ACCOUNTS)}, schema=SCHEMAS["accounts"])
+    opening = pa.table(
+        {"account": list(ACCOUNTS), "balance": [OPENING_BALANCE] * len(ACCOUNTS)}, schema=SCHEMAS["accounts"]
+    )
     with db.transaction(metadata={"demo": "open"}) as t:
         t.insert("accounts", opening)
         t.insert("audit", [{"transfer": 0, "event": f"open {len(ACCOUNTS)} accounts with {OPENING_BALANCE} each"}])
-    say(f"\n[2/6] opened {len(ACCOUNTS)} accounts with {OPENING_BALANCE} each at {_hms(t.commit_info.time)} "
-        f"(commit timestamp {t.commit_info.ts})")
-    first_ts = t.commit_info.ts
+    opened = t.commit_info
+    assert opened is not None and opened.time is not None  # the transaction committed rows
+    say(f"\n[2/6] opened {len(ACCOUNTS)} accounts with {OPENING_BALANCE} each at {_hms(opened.time)} "
+        f"(commit timestamp {opened.ts})")
+    first_ts = opened.ts
 
     # 3. the transfers: each one transaction over three tables
     plan = plan_transfers(n, seed)
@@ -233,14 +243,17 @@ def _run(
     for i, (src, dst, amount) in enumerate(plan, start=1):
         with db.transaction(metadata={"transfer": i}) as t:
             t.retract("accounts", [{"account": a, "balance": bal[a]} for a in (src, dst)])
-            t.insert("accounts", [{"account": src, "balance": bal[src] - amount}, {"account": dst, "balance": bal[dst] + amount}])
+            t.insert(
+                "accounts",
+                [{"account": src, "balance": bal[src] - amount}, {"account": dst, "balance": bal[dst] + amount}],
+            )
             t.insert("transfers", [{"transfer": i, "src": src, "dst": dst, "amount": amount}])
             t.insert("audit", [{"transfer": i, "event": f"transfer {i}: {src} -> {dst} {amount}"}])
         bal[src] -= amount
         bal[dst] += amount
         if i == n // 2 or (halfway is None and i == n):
             time.sleep(0.002)
-            halfway, halfway_bal = dt.datetime.now(dt.timezone.utc), dict(bal)
+            halfway, halfway_bal = dt.datetime.now(dt.UTC), dict(bal)
             time.sleep(0.002)
         prog.update(i)
     secs = prog.done()
@@ -319,7 +332,9 @@ def _run(
     return bad
 
 
-def _spark_check(db: txns.Database, master: str, now: dict[str, int], say: Callable[[str], None], err: TextIO) -> list[str]:
+def _spark_check(
+    db: txns.Database, master: str, now: dict[str, int], say: Callable[[str], None], err: TextIO
+) -> list[str]:
     """Read the balances as a Spark DataFrame (executors read the Parquet parts) and compare."""
     from txns.spark import snapshot
 

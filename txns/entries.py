@@ -16,6 +16,7 @@ no two appends are equal and a retraction cancels exactly one entry.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,11 +40,11 @@ class Entry:
     def is_registration(self) -> bool:
         return self.batch == b""
 
-    def update(self, at: int, diff: int) -> tuple:
+    def update(self, at: int, diff: int) -> tuple[tuple[tuple[str, bytes], tuple[int]], int, int]:
         return ((self.data_id, self.batch), (self.ts,)), at, diff
 
     @staticmethod
-    def from_kv(key: tuple, val: tuple) -> Entry:
+    def from_kv(key: tuple[Any, ...], val: tuple[Any, ...]) -> Entry:
         return Entry(val[0], key[0], key[1])
 
     def decode_batch(self) -> Batch:

@@ -43,21 +43,22 @@ import pyarrow.compute as pc
 from persist import (
     InvalidUsage,
     PersistClient,
-    ReadTimeout,
     Schema,
     ShardId,
     SinceHandle,
+    SnapshotPlan,
     UpperMismatch,
     WriteHandle,
+    check_ts,
+    replan,
 )
 from persist.errors import operation
-from persist._internal.parts import MissingPart, consolidate, read_run
-from persist.read import SnapshotPlan, at_as_of, fetch_plan, plan_at
-from persist.schema import check_ts
+from persist.manifest import consolidate
 from txns.cache import TxnsCache
 from txns.commits import COMMIT_RECORD_MAX_BYTES, COMMITS_SCHEMA, CommitRecord, commits_shard_id, encode_info
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import NotRegistered, TimestampUnavailable
+from txns.request import CommitMember, CommitRequest
 from txns.txn import Tidy, Txn, TxnApply
 
 log = logging.getLogger(__name__)
@@ -172,9 +173,8 @@ class TxnsHandle:
 
     @property
     def upper(self) -> int:
-        """The txns shard's upper as this handle last saw it."""
-        self.cache.sync_cached()
-        return self.cache.frontier
+        """The txns shard's upper as this process last saw it (no request; changes nothing)."""
+        return max(self.cache.frontier, self.cache.shard.state().upper)
 
     def read_cache(self) -> TxnsCache:
         return self.cache
@@ -211,20 +211,20 @@ class TxnsHandle:
         ``register_ts`` is below the txns upper.
         """
         check_ts(register_ts, "register_ts")
-        datas = {str(ShardId.parse(str(d))): s for d, s in datas.items()}
-        for d, schema in datas.items():
+        schemas = {str(ShardId.parse(str(d))): s for d, s in datas.items()}
+        for d, schema in schemas.items():
             if not isinstance(schema, Schema):
                 raise InvalidUsage(f"register takes {{data_id: persist.Schema}}; got {type(schema).__name__} for {d}")
             self.client.register_schema(d, schema)
             self._schemas[d] = schema
         while True:
             self.cache.sync_cached()
-            new = sorted(d for d in datas if d not in self.cache.registered_now())
+            new = sorted(d for d in schemas if d not in self.cache.registered_now())
             if not new:
                 # SUBTLE: "already registered" must be judged on a current view: a
                 # stale cache may predate another handle's forget of it.
                 self.cache.sync()
-                new = sorted(d for d in datas if d not in self.cache.registered_now())
+                new = sorted(d for d in schemas if d not in self.cache.registered_now())
             if not new:
                 return
             upper = self.cache.frontier
@@ -351,42 +351,36 @@ class TxnsHandle:
             self._schemas[self.commits_id] = COMMITS_SCHEMA
             self._commits_schema_registered = True
 
-    def commit_entries(
-        self,
-        ts: int,
-        adds: list[Entry],
-        tidy: Tidy,
-        data_ids: tuple[str, ...],
-        token: str,
-        txn_id: str | None = None,
-        uncertain: bool = False,
-        tables: Mapping[str, int] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        register: tuple[str, ...] = (),
-        expect_upper: int | None = None,
-        extra_records: Sequence[tuple[str, Mapping[str, int], Mapping[str, Any]]] = (),
-    ) -> int:
-        """Commit ``adds`` (and retract ``tidy``) at ``ts``; return the commit time. Used by ``Txn.commit_at``.
+    def commit_entries(self, request: CommitRequest, tidy: Tidy) -> int:
+        """Commit ``request`` (and retract ``tidy``) in one conditional write; return the commit time.
 
-        ``register``: fresh data shards (schemas recorded) registered at
-        ``ts`` in the same conditional write, unless registered already.
-        ``extra_records``: ``(txn_id, rows per data shard, metadata)`` of
-        transactions joined into this write (group commit), each recorded too.
-        ``expect_upper``: commit only if the txns upper is exactly this
-        (TimestampUnavailable otherwise), so whatever the caller checked as
-        of ``expect_upper - 1`` still holds at ``ts``: nothing commits between.
+        The one commit loop (``Txn.commit_at`` builds the request; see
+        :mod:`txns.request` for its fields: the time, what the caller
+        validated, the members of a group commit, the durable identity).
+        ``request.register``: fresh data shards (schemas recorded) registered
+        at ``ts`` in the same write, unless registered already.
 
-        With ``txn_id`` (and data in ``adds``) a commit record goes in the
-        same conditional write. With ``uncertain`` (an earlier attempt may
-        have landed), every try first looks the transaction up at the very
-        upper it then commits against, and returns the earlier commit's
-        time if there is one: no commit can slip in between the look-up and
-        the compare-and-append, so the transaction commits at most once
-        even when copies of it are retried concurrently.
+        With ``txn_id`` (and data in ``adds``) the members' commit records go
+        in the same conditional write. With ``uncertain`` (an earlier attempt
+        may have landed), every try first looks the transaction up at the very
+        upper it then commits against, and returns the earlier commit's time
+        if there is one: no commit can slip in between the look-up and the
+        compare-and-append, so the transaction commits at most once even when
+        copies of it are retried concurrently.
         """
+        ts, adds, data_ids, token, txn_id = request.ts, request.adds, request.data_ids, request.token, request.txn_id
+        uncertain, register, expect_upper = request.uncertain, request.register, request.expect_upper
         record = txn_id is not None and bool(adds)
         batch_ids = {e.decode_batch().id for e in adds} if uncertain else set()
         fresh = False  # whether the txns state was read from storage in this call
+
+        def moved_on_fresh_view() -> bool:
+            """Read the txns shard now; whether its upper moved past the one this try judged by."""
+            nonlocal fresh
+            self.cache.sync()
+            fresh = True
+            return self.cache.frontier != upper
+
         while True:
             self.cache.sync_cached()
             upper = self.cache.frontier
@@ -398,18 +392,14 @@ class TxnsHandle:
                 if self.cache.frontier != upper:
                     continue  # the look-up caught up with newer commits: look again there
             if expect_upper is not None and upper < expect_upper and not fresh:
-                self.cache.sync()  # (this handle's view is behind the caller's: judge on a fresh one)
-                fresh = True
+                moved_on_fresh_view()  # (this handle's view is behind the caller's: judge on a fresh one)
                 continue
             if expect_upper is not None and upper != expect_upper and not (ts < upper and self._last_append_was(token)):
                 # (an upper past it: unless an earlier attempt of this very commit landed, see below)
                 raise TimestampUnavailable("commit", max(ts, expect_upper), upper)
             if ts < upper:
-                if not fresh:
-                    self.cache.sync()
-                    fresh = True
-                    if self.cache.frontier != upper:
-                        continue
+                if not fresh and moved_on_fresh_view():
+                    continue
                 if self._last_append_was(token):
                     # SUBTLE: an earlier attempt of this very commit (same txn, same
                     # ts, this handle) reported Indeterminate but did commit, and
@@ -420,19 +410,16 @@ class TxnsHandle:
                     return ts
                 raise TimestampUnavailable("commit", ts, upper)
             if not self._registrable(register, ts):
-                self.cache.sync()
-                fresh = True
-                if self.cache.frontier != upper:
+                if moved_on_fresh_view():
                     continue
                 self._check_registrable(register, ts)
             for d in data_ids:
                 if d in register:
                     continue
                 if not self.cache.registered_at(d, ts):
-                    self.cache.sync()
                     # (if the upper moved, check the time again first: a stale view
                     # made a commit at a closed time fail as NotRegistered)
-                    if self.cache.frontier == upper and not self.cache.registered_at(d, ts):
+                    if not moved_on_fresh_view() and not self.cache.registered_at(d, ts):
                         raise NotRegistered(
                             f"data shard {d} is not registered at {ts} (never registered, or forgotten); "
                             f"register it first. Nothing was committed"
@@ -443,10 +430,8 @@ class TxnsHandle:
                 updates += [
                     Entry(ts, d, b"").update(ts, 1) for d in register if not self.cache.registered_at(d, ts)
                 ]
-                if record and txn_id is not None:
-                    updates += self._record_updates(
-                        [(txn_id, tables or {}, metadata or {}), *extra_records], ts
-                    )
+                if record:
+                    updates += self._record_updates(request.members, ts)
                 # SUBTLE: retract only entries present as of `upper`; the CaA below
                 # fails if anything (another tidy included) landed since.
                 updates += [e.update(ts, -1) for e in tidy.entries if self.cache.present(e)]
@@ -474,13 +459,16 @@ class TxnsHandle:
                     f"the txns shard; register it at a time >= {du - 1}. Nothing was committed"
                 )
 
-    def _record_updates(self, records: Sequence[tuple[str, Mapping[str, int], Mapping[str, Any]]], ts: int) -> list:
-        """The txns-shard updates adding these commit records at ``ts`` (registering the commits shard if new)."""
+    def _record_updates(self, members: Sequence[CommitMember], ts: int) -> list[Any]:
+        """The txns-shard updates adding the members' commit records at ``ts``.
+
+        Registers the commits shard too if it is new.
+        """
         w = self.data_writer(self.commits_id)
         now_ms = int(time.time() * 1000)
         updates = []
-        for txn_id, tables, metadata in records:  # a batch each: each is inline (bounded metadata), no blob write
-            row = ((txn_id,), (ts, now_ms, encode_info(dict(tables), dict(metadata))))
+        for m in members:  # a batch each: each is inline (bounded metadata), no blob write
+            row = ((m.txn_id,), (ts, now_ms, encode_info(dict(m.tables), dict(m.metadata))))
             updates.append(Entry(ts, self.commits_id, w.batch([(row, ts, 1)], ts, ts + 1).to_bytes()).update(ts, 1))
         if not self.cache.registered_at(self.commits_id, ts):
             # Registered in the same write as its first record. Its upper is
@@ -495,9 +483,13 @@ class TxnsHandle:
         ids; tidied ones by their commit record.
         """
         for e in self.cache.entries:
-            if e.ts < upper and not e.is_registration and e.data_id != self.commits_id:
-                if e.decode_batch().id in batch_ids:
-                    return e.ts
+            if (
+                e.ts < upper
+                and not e.is_registration
+                and e.data_id != self.commits_id
+                and e.decode_batch().id in batch_ids
+            ):
+                return e.ts
         rec = self._lookup_record(txn_id, upper)
         return rec.ts if rec is not None else None
 
@@ -515,19 +507,13 @@ class TxnsHandle:
     def _records_table(self, as_of: int, predicate: pc.Expression | None = None) -> pa.Table:
         """The commit records at ``as_of`` (consolidated; diff column dropped), optionally filtered."""
         snap = self.data_snapshot(self.commits_id, as_of)
-        for attempt in range(3):
-            try:
-                tables = []
-                for run in snap.plan().runs:
-                    for t in read_run(self.client.blob, run, COMMITS_SCHEMA.arrow, self.client.config.retry_deadline_s):
-                        if predicate is not None:
-                            t = t.filter(predicate)
-                        tables.append(at_as_of(t, as_of))
-                break
-            except MissingPart:
-                self.data_writer(self.commits_id).machine.fetch()  # retired by compaction: plan again
-                if attempt == 2:
-                    raise
+
+        def read() -> list[pa.Table]:
+            shard = self.data_writer(self.commits_id).shard
+            tables = shard.read_plan(snap.plan())
+            return [t.filter(predicate) if predicate is not None else t for t in tables]
+
+        tables = replan(read)
         arrow = COMMITS_SCHEMA.arrow
         table = consolidate(pa.concat_tables(tables)) if tables else arrow.empty_table()
         return table.filter(pc.greater(table.column("diff"), 0)).select(["txn_id", "commit_ts", "wall_ms", "info"])
@@ -544,15 +530,15 @@ class TxnsHandle:
         check_ts(as_of, "as_of")
         self.cache.update_gt(as_of)
         if not self.cache.registered_at(self.commits_id, as_of):
-            return pa.table({n: pa.array([], COMMITS_SCHEMA.arrow.field(n).type) for n in ("txn_id", "commit_ts", "wall_ms", "info")})
+            names = ("txn_id", "commit_ts", "wall_ms", "info")
+            return pa.table({n: pa.array([], COMMITS_SCHEMA.arrow.field(n).type) for n in names})
         return self._records_table(as_of).sort_by([("commit_ts", "ascending"), ("txn_id", "ascending")])
 
     def _last_append_was(self, token: str) -> bool:
         """Whether this handle's latest append to the txns shard (as last read) carried ``token``."""
-        w = self.writer.machine.state().writers.get(self.writer.writer_id)
-        return w is not None and w.token == token
+        return self.writer.shard.state().last_token(self.writer.writer_id) == token
 
-    def _append(self, updates: list, upper: int, ts: int, token: str | None) -> bool:
+    def _append(self, updates: list[Any], upper: int, ts: int, token: str | None) -> bool:
         """CaA ``updates`` at ``[upper, ts + 1)``; False (cache caught up) if the upper moved."""
         try:
             self.writer.compare_and_append(updates, upper, ts + 1, token=token)
@@ -617,8 +603,8 @@ class TxnsHandle:
             for d in per_shard:
                 apply_shard(d)
         for groups in per_shard.values():
-            for _, group in groups:
-                tidy.entries.update(group)
+            for _, applied in groups:
+                tidy.entries.update(applied)
         return tidy
 
     def _apply_one(self, data_id: str, ts: int, group: list[Entry]) -> None:
@@ -703,7 +689,7 @@ class TxnsHandle:
         self.unblock_read(data_id, as_of)
         return DataSnapshot(self, str(data_id), as_of)
 
-    def snapshot(self, data_id: str | ShardId, as_of: int) -> list:
+    def snapshot(self, data_id: str | ShardId, as_of: int) -> list[Any]:
         """The contents of ``data_id`` at ``as_of``: consolidated ``((key, val), as_of, diff)``."""
         return self.data_snapshot(str(data_id), as_of).snapshot_and_fetch()
 
@@ -716,20 +702,9 @@ class DataSnapshot:
 
     def plan(self) -> SnapshotPlan:
         w = self.handle.data_writer(self.data_id)
-        state = w.machine.state()
-        if state.upper <= self.as_of:
-            state = w.machine.fetch()
-        if state.upper <= self.as_of:
-            raise ReadTimeout(f"data shard {self.data_id} upper {state.upper} is not past {self.as_of}", state.upper)
-        return plan_at(state, w.schema, self.as_of)
+        return w.shard.plan(w.schema, self.as_of)
 
-    def snapshot_and_fetch(self) -> list:
-        for attempt in range(3):
-            try:
-                return fetch_plan(self.handle.client.blob, self.plan(), self.handle.client.config.retry_deadline_s)
-            except MissingPart:
-                # a part retired by compaction after we planned: plan again from fresh state
-                self.handle.data_writer(self.data_id).machine.fetch()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+    def snapshot_and_fetch(self) -> list[Any]:
+        """The snapshot, consolidated; planned again if compaction retires a part meanwhile."""
+        shard = self.handle.data_writer(self.data_id).shard
+        return replan(lambda: shard.fetch_plan(self.plan()))

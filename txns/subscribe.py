@@ -34,8 +34,13 @@ class DataSubscribe:
     >>> h.begin().commit_at(h, 5)  # a commit elsewhere: time passes for d too
     TxnApply(commit_ts=5, data_ids=())
     >>> sub = DataSubscribe(client, txns_id, d, as_of=0, until=6)
-    >>> [e for e in sub]
-    [Updates(updates=[]), Progress(upper=1), Updates(updates=[(((7,), ()), 2, 1)]), Progress(upper=3), Progress(upper=6)]
+    >>> for e in sub:
+    ...     print(e)
+    Updates(updates=[])
+    Progress(upper=1)
+    Updates(updates=[(((7,), ()), 2, 1)])
+    Progress(upper=3)
+    Progress(upper=6)
     """
 
     def __init__(
@@ -63,7 +68,7 @@ class DataSubscribe:
     def _done(self) -> bool:
         return self.until is not None and self.frontier is not None and self.frontier >= self.until
 
-    def step(self, wait_s: float = 0.0) -> list:
+    def step(self, wait_s: float = 0.0) -> list[Updates | Progress]:
         """The events available now (waiting up to ``wait_s`` for the txns shard to advance)."""
         h, cache = self.handle, self.handle.cache
         if self._done():
@@ -89,7 +94,7 @@ class DataSubscribe:
         h.unblock_read(self.data_id, target - 1)
         if self._listen is None or self._listen.frontier != self.frontier:
             self._listen = Listen(self.reader, self.frontier - 1)
-        events: list = []
+        events: list[Updates | Progress] = []
         while self._listen.frontier < target:
             for ev in self._listen.next(timeout_s=self.reader.config.read_wait_s):
                 if isinstance(ev, Updates):
@@ -106,18 +111,17 @@ class DataSubscribe:
     def _hold(self) -> None:
         """Let the data shard compact up to what has been emitted (the reader's lease heartbeats too)."""
         assert self.frontier is not None
-        if self.frontier - 1 > self.reader.since:
-            if self.reader.heartbeat_due():
-                # SUBTLE: best effort. step() calls this after moving the frontier
-                # past the events it is about to return; raising here dropped
-                # them (the caller never saw them, and the next step starts
-                # past them). A failed renewal is retried on the next step.
-                try:
-                    self.reader.downgrade_since(self.frontier - 1)
-                except ExternalError as e:
-                    log.debug("subscribe hold on %s deferred: %s", self.data_id, e)
+        if self.frontier - 1 > self.reader.since and self.reader.heartbeat_due():
+            # SUBTLE: best effort. step() calls this after moving the frontier
+            # past the events it is about to return; raising here dropped
+            # them (the caller never saw them, and the next step starts
+            # past them). A failed renewal is retried on the next step.
+            try:
+                self.reader.downgrade_since(self.frontier - 1)
+            except ExternalError as e:
+                log.debug("subscribe hold on %s deferred: %s", self.data_id, e)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Updates | Progress]:
         while not self._done():
             yield from self.step(wait_s=self.reader.config.read_wait_s)
 

@@ -35,12 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch
-from persist._internal.codec import KIND_TXN, frame, unframe
+from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch, frame, unframe
 from persist.errors import operation
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
 from txns.commits import COMMIT_RECORD_MAX_BYTES
 from txns.entries import Entry
+from txns.request import CommitMember, CommitRequest
+
+KIND_TXN = 3
+"""The framing kind of a serialized transaction (persist's own kinds are 1 and 2)."""
 
 if TYPE_CHECKING:
     from txns.handle import TxnsHandle
@@ -110,7 +113,7 @@ class Txn:
         if self._handle is None:
             self._handle = handle
 
-    def write(self, data_id: str, key: tuple, val: tuple, diff: int) -> None:
+    def write(self, data_id: str, key: tuple[Any, ...], val: tuple[Any, ...], diff: int) -> None:
         """Add the update ``(key, val)`` with multiplicity ``diff`` to ``data_id``.
 
         ``key`` and ``val`` are tuples matching the data shard's schema (as
@@ -150,21 +153,10 @@ class Txn:
                 )
         self._batches.setdefault(data_id, []).append(batch)
 
-    def write_dataframe(self, data_id: str, df: object) -> None:
-        """Write a Spark DataFrame to ``data_id`` in this transaction (see :func:`txns.spark.write_batch`).
-
-        Executors write the parts straight into blob storage; only part
-        descriptors come back to the driver. Columns are matched by name to
-        the shard's key and val fields; an optional ``diff`` column gives
-        multiplicities (default 1).
-        """
-        if self._handle is None:
-            raise InvalidUsage("this transaction is not bound to a handle; create it with TxnsHandle.begin()")
-        from txns.spark import write_batch  # Spark is imported only where used
-
-        data_id = str(data_id)
-        batch = write_batch(df, self._handle.client.url, data_id, self._handle.data_schema(data_id))
-        self.write_batch(data_id, batch)
+    @property
+    def handle(self) -> TxnsHandle | None:
+        """The handle this transaction is bound to (set by ``TxnsHandle.begin`` or the first commit)."""
+        return self._handle
 
     def register(self, data_id: str) -> None:
         """Register the fresh data shard ``data_id`` at the commit time, in the commit's own write.
@@ -305,39 +297,36 @@ class Txn:
         self._finish_builders()  # a failure here leaves the transaction committable
         for o in self._joined:
             o._finish_builders()
-        members = [self, *self._joined]
-        data_ids = tuple(sorted({d for m in members for d in m._batches}))
+        group = [self, *self._joined]
+        data_ids = tuple(sorted({d for m in group for d in m._batches}))
         adds = [
             Entry(commit_ts, d, b.rewrite_ts(commit_ts, upper=commit_ts + 1).to_bytes())
-            for m in members
+            for m in group
             for d in sorted(m._batches)
             for b in m._batches[d]
             if b.rows
         ]
-        tables = {d: sum(b.rows for b in self._batches[d]) for d in sorted(self._batches)}
-        extra = [
-            (o.id, {d: sum(b.rows for b in bs) for d, bs in sorted(o._batches.items())}, o.metadata)
-            for o in self._joined
-            if any(b.rows for bs in o._batches.values() for b in bs)
+        members = [
+            CommitMember(m.id, {d: sum(b.rows for b in bs) for d, bs in sorted(m._batches.items())}, m.metadata)
+            for m in group
+            if m is self or any(b.rows for bs in m._batches.values() for b in bs)
         ]
+        request = CommitRequest(
+            ts=commit_ts,
+            adds=tuple(adds),
+            data_ids=data_ids,
+            token=f"txn-{self.id}-{commit_ts}",
+            txn_id=self.id,
+            uncertain=self._uncertain,
+            members=tuple(members),
+            register=tuple(sorted(self._register)),
+            expect_upper=expect_upper,
+        )
         with operation("commit") as op:
             if self._uncertain:
                 op.may_have_written = True  # an earlier attempt may have landed
             try:
-                done = handle.commit_entries(
-                    commit_ts,
-                    adds,
-                    self._tidy,
-                    data_ids,
-                    token=f"txn-{self.id}-{commit_ts}",
-                    txn_id=self.id,
-                    uncertain=self._uncertain,
-                    tables=tables,
-                    metadata=self.metadata,
-                    register=tuple(sorted(self._register)),
-                    expect_upper=expect_upper,
-                    extra_records=extra,
-                )
+                done = handle.commit_entries(request, self._tidy)
             except BaseException:
                 if op.may_have_written:
                     self._uncertain = True

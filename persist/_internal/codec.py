@@ -27,7 +27,8 @@ FORMAT_VERSION = 1
 
 KIND_STATE = 1
 KIND_BATCH = 2
-KIND_TXN = 3
+# Kinds 3 and up belong to the layers above (txns: 3 for a serialized
+# transaction, 101 for the database's root record); persist never reads them.
 
 _HEADER = struct.Struct(">4sBH")
 _CRC = struct.Struct(">I")
@@ -41,7 +42,8 @@ def crc32c(data: bytes) -> int:
     about 0.4 GB/s for crcmod's table-driven C, which also held the GIL while
     part reads decoded in parallel).
     """
-    return google_crc32c.value(data)
+    crc: int = google_crc32c.value(data)  # untyped in google-crc32c
+    return crc
 
 
 def frame(kind: int, payload: bytes) -> bytes:

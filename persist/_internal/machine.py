@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from persist._internal.retry import backoff
+from persist._internal.state import ShardState
 from persist.config import PersistConfig
 from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch, note_write
 from persist.location import CaSResult, Consensus
-from persist._internal.retry import backoff
-from persist._internal.state import ShardState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Machine:
                     return result  # (after a landed CAS: the transition saw its own token)
                 seqno = 1 if state.seqno is None else state.seqno + 1
                 new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
-                new.check()
+                new.check(state if state.seqno is not None else None)
                 data = new.encode()
                 started = time.monotonic()
                 try:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.config import PersistConfig
-from persist.location import Blob
 from persist._internal.parts import MissingPart, Run, consolidate, encode_inline, read_run, write_part
 from persist._internal.state import HollowBatch, ShardState
+from persist.config import PersistConfig
+from persist.location import Blob
 
 if TYPE_CHECKING:
     from persist._internal.machine import Machine

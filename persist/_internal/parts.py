@@ -36,15 +36,16 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from persist._internal.codec import FORMAT_VERSION, crc32c
+from persist._internal.retry import retry_storage
 from persist.errors import CorruptObject
 from persist.location import Blob
-from persist._internal.retry import retry_storage
 
 PARQUET_META = {b"persist.format": str(FORMAT_VERSION).encode()}
 
@@ -73,14 +74,14 @@ class PartRef:
     lo: Bound | None = None
     hi: Bound | None = None
 
-    def to_json(self) -> list:
-        j: list = [self.key, self.rows, self.size, self.crc]
+    def to_json(self) -> list[Any]:
+        j: list[Any] = [self.key, self.rows, self.size, self.crc]
         if self.lo is not None or self.hi is not None:
             j += [self.lo, self.hi]
         return j
 
     @staticmethod
-    def from_json(j: list) -> PartRef:
+    def from_json(j: list[Any]) -> PartRef:
         lo, hi = (j[4], j[5]) if len(j) >= 6 else (None, None)
         return PartRef(j[0], j[1], j[2], j[3], lo, hi)
 
@@ -123,8 +124,8 @@ class Run:
         new = ts if self.ts_rewrite is None else max(ts, self.ts_rewrite)
         return Run(self.parts, self.inline, self.rows, new, self.distinct_kv)
 
-    def to_json(self) -> dict:
-        j: dict = {"rows": self.rows}
+    def to_json(self) -> dict[str, Any]:
+        j: dict[str, Any] = {"rows": self.rows}
         if self.parts:
             j["parts"] = [p.to_json() for p in self.parts]
         if self.inline is not None:
@@ -136,7 +137,7 @@ class Run:
         return j
 
     @staticmethod
-    def from_json(j: dict) -> Run:
+    def from_json(j: dict[str, Any]) -> Run:
         return Run(
             parts=tuple(PartRef.from_json(p) for p in j.get("parts", ())),
             inline=base64.b64decode(j["inline"]) if "inline" in j else None,
@@ -213,11 +214,13 @@ def write_part(blob: Blob, shard_id: str, table: pa.Table, key: str | None = Non
 
 
 def _temporal(t: pa.DataType) -> bool:
-    return pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t)
+    temporal: bool = pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t)
+    return temporal
 
 
 def _stringy(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    stringy: bool = pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    return stringy
 
 
 def bound_value(value: pa.Scalar) -> Bound | None:
@@ -228,7 +231,7 @@ def bound_value(value: pa.Scalar) -> Bound | None:
     if pa.types.is_integer(t) or _stringy(t):
         return value.as_py()  # type: ignore[no-any-return]
     if _temporal(t):
-        return int(value.value)  # type: ignore[attr-defined]
+        return int(value.value)
     return None
 
 
@@ -263,7 +266,7 @@ def prune_runs(runs: tuple[Run, ...], values: Iterable[Bound | None]) -> tuple[R
     vals = list(values)
     if any(v is None for v in vals) or len({type(v) for v in vals}) > 1:
         return runs
-    ordered = sorted(vals)  # type: ignore[type-var]
+    ordered: list[Any] = sorted(cast("list[Any]", vals))  # values of one kind (checked above): comparable
 
     def keep(ref: PartRef) -> bool:
         if any(b is not None and type(b) is not type(v) for b in (ref.lo, ref.hi) for v in ordered[:1]):
@@ -287,15 +290,20 @@ def decode_part(ref: PartRef, data: bytes | None, schema: pa.Schema) -> pa.Table
     """The rows of part ``ref`` from its bytes, after checking size and CRC."""
     if data is None:
         raise MissingPart(ref.key)
-    if len(data) != ref.size:
-        raise CorruptObject(ref.key, f"size {len(data)} != recorded {ref.size}")
-    if crc32c(data) != ref.crc:
-        raise CorruptObject(ref.key, "CRC-32C mismatch with the part descriptor")
+    check_part_bytes(ref, data)
     try:
         table = pq.read_table(io.BytesIO(data))
     except Exception as e:  # noqa: BLE001 - any decode failure means corrupt
         raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
     return table.replace_schema_metadata(None).cast(schema)
+
+
+def check_part_bytes(ref: PartRef, data: bytes) -> None:
+    """CorruptObject unless ``data`` has the size and CRC-32C that part ``ref`` records."""
+    if len(data) != ref.size:
+        raise CorruptObject(ref.key, f"size {len(data)} != recorded {ref.size}")
+    if crc32c(data) != ref.crc:
+        raise CorruptObject(ref.key, "CRC-32C mismatch with the part descriptor")
 
 
 class MissingPart(Exception):
@@ -314,7 +322,8 @@ def encode_inline(table: pa.Table) -> bytes:
     """
     batches = table.combine_chunks().to_batches()
     batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
-    return batch.serialize().to_pybytes()
+    data: bytes = batch.serialize().to_pybytes()
+    return data
 
 
 def decode_inline(data: bytes, schema: pa.Schema) -> pa.Table:

@@ -13,7 +13,10 @@ T = TypeVar("T")
 
 
 def backoff(attempt: int, cap_s: float = 0.5, base_s: float = 0.005) -> None:
-    """Sleep before retry number ``attempt``: ``base_s * 2**attempt`` (10 ms first by default), capped at ``cap_s``, jittered."""
+    """Sleep before retry number ``attempt``.
+
+    ``base_s * 2**attempt`` (10 ms first by default), capped at ``cap_s``, jittered.
+    """
     time.sleep(min(cap_s, base_s * (2 ** min(attempt, 16))) * (0.5 + random.random()))
 
 

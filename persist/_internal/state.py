@@ -1,17 +1,26 @@
 """The state of one shard, and the pure transitions on it.
 
-Invariants (every transition keeps them; :meth:`ShardState.check` asserts them):
+Every change of a state is a named method of :class:`ShardState` below (the
+handles in ``persist.client``, ``persist.read`` and ``persist.write`` only
+call them inside a compare-and-set), and :meth:`ShardState.check` asserts
+every invariant on each new version before it is written.
+
+Invariants:
 
 1. ``batches`` tile ``[lower of the first, upper)`` with no gaps or overlaps:
-   ``batches[i].upper == batches[i+1].lower`` and the last upper is ``upper``.
-   Every update in a batch has its (rewritten) time in ``[lower, upper)`` of
-   that batch, except that times below the batch's ``since`` may have been
-   advanced to it by compaction.
+   ``batches[i].upper == batches[i+1].lower``, each ``lower < upper``, and the
+   last upper is ``upper``. Every update in a batch has its (rewritten) time
+   in ``[lower, upper)`` of that batch, except that times below the batch's
+   ``since`` may have been advanced to it by compaction.
 2. ``upper`` only advances. ``since`` only advances, and
    ``since = max(old since, min(holds))`` where the holds are every unexpired
-   leased reader's since and every critical reader's since.
+   leased reader's since and every critical reader's since (so no hold is
+   below the since, and ``since >= min(holds)``).
 3. Reading at any ``as_of`` with ``since <= as_of < upper`` gives the same
-   consolidated result before and after any compaction.
+   consolidated result before and after any compaction. Its structural half
+   is checked: a batch's ``since`` (the time its rows were consolidated at)
+   is never past the shard's ``since``, and a compacted batch covers exactly
+   the interval of the batches it replaced (``apply_compaction``).
 4. A writer's ``token`` names its most recent successful append, so a retry of
    that append (after an indeterminate failure) is recognised and not applied twice.
 5. Only the first batch may be empty: an empty append extends the last batch
@@ -24,10 +33,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
+from typing import Any
 
 from persist._internal.codec import KIND_STATE, frame, unframe
-from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
 from persist._internal.parts import Run, runs_rows, runs_size
+from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
 from persist.schema import CLOSED
 
 TOMBSTONE = CLOSED
@@ -52,7 +63,7 @@ class HollowBatch:
     def size(self) -> int:
         return runs_size(self.runs)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "lower": self.lower,
@@ -62,7 +73,7 @@ class HollowBatch:
         }
 
     @staticmethod
-    def from_json(j: dict) -> HollowBatch:
+    def from_json(j: dict[str, Any]) -> HollowBatch:
         return HollowBatch(j["id"], j["lower"], j["upper"], j["since"], tuple(Run.from_json(r) for r in j["runs"]))
 
 
@@ -152,19 +163,33 @@ class ShardState:
 
     # ---- invariants -----------------------------------------------------------
 
-    def check(self) -> None:
-        """Raise AssertionError if an invariant is broken (a bug, never bad input)."""
-        for a, b in zip(self.batches, self.batches[1:]):
+    def check(self, prev: ShardState | None = None) -> None:
+        """Raise AssertionError if an invariant is broken (a bug, never bad input).
+
+        ``prev``: the version this one replaces, for the invariants about change (2).
+        """
+        # (1) the batches tile [lower, upper)
+        for a, b in pairwise(self.batches):
             assert a.upper == b.lower, f"batches not contiguous: {a.upper} != {b.lower}"
+        for b in self.batches:
+            assert b.lower < b.upper, f"batch {b.id} has an empty interval [{b.lower}, {b.upper})"
         if self.batches:
             assert self.batches[-1].upper == self.upper, "last batch upper != shard upper"
+        # (2) since and upper only advance; the since is at least the least hold
+        if prev is not None:
+            assert self.upper >= prev.upper, f"upper went back: {prev.upper} -> {self.upper}"
+            assert self.since >= prev.since, f"since went back: {prev.since} -> {self.since}"
+        holds = [r.since for r in self.leased.values()] + [r.since for r in self.critical.values()]
+        assert not holds or self.since >= min(holds), f"since {self.since} is below every hold {sorted(holds)}"
+        # (3) structural half: no batch was consolidated past the shard's since
+        for b in self.batches:
+            assert b.since <= self.since, f"batch {b.id} since {b.since} is past the shard since {self.since}"
+        # (4) a writer's token names an append
+        for wid, w in self.writers.items():
+            assert w.token, f"writer {wid} has no token"
+        # (5) only the first batch may be empty
         for b in self.batches[1:]:
             assert b.rows > 0, "an empty batch after the first"
-        for b in self.batches:  # (2) a batch's since is a since the shard had
-            assert b.since <= self.since, f"batch {b.id} since {b.since} is past the shard since {self.since}"
-            assert b.lower < b.upper, f"batch {b.id} has an empty interval [{b.lower}, {b.upper})"
-        for wid, w in self.writers.items():  # (4) a writer's token names an append
-            assert w.token, f"writer {wid} has no token"
 
     @property
     def lower(self) -> int:
@@ -241,6 +266,67 @@ class ShardState:
         self.upper = new_upper
         self.writers[writer_id] = WriterState(now_ms, lease_ms, token)
         return True
+
+    def add_leased_reader(self, reader_id: str, now_ms: int, lease_ms: int) -> int:
+        """Register leased reader ``reader_id`` holding the current since; returns that since."""
+        self.leased[reader_id] = LeasedReaderState(self.since, now_ms, lease_ms)
+        return self.since
+
+    def renew_leased_reader(self, reader_id: str, now_ms: int, lease_ms: int, since: int | None = None) -> int:
+        """Renew ``reader_id``'s lease and advance its hold to ``since`` (never back). Returns the hold.
+
+        The reader must be registered (callers check liveness first).
+        """
+        r = self.leased[reader_id]
+        held = r.since if since is None else max(r.since, since)
+        self.leased[reader_id] = LeasedReaderState(held, now_ms, lease_ms)
+        return held
+
+    def expire_leased_reader(self, reader_id: str) -> bool:
+        """Drop leased reader ``reader_id``'s hold. False if it had none."""
+        return self.leased.pop(reader_id, None) is not None
+
+    def register_critical_reader(self, reader_id: str, opaque: int) -> tuple[CriticalReaderState, bool]:
+        """Critical reader ``reader_id``, and whether it was new (then registered at the current since with
+        ``opaque``)."""
+        cur = self.critical.get(reader_id)
+        if cur is not None:
+            return cur, False
+        self.critical[reader_id] = CriticalReaderState(self.since, opaque)
+        return self.critical[reader_id], True
+
+    def downgrade_critical_reader(
+        self, reader_id: str, expected_opaque: int, new_opaque: int, new_since: int
+    ) -> tuple[bool, CriticalReaderState, bool]:
+        """If ``reader_id``'s opaque is ``expected_opaque``: set ``new_opaque``, advance its since (never back).
+
+        Returns (whether the opaque matched, the reader's state now, whether anything changed).
+        """
+        cur = self.critical.get(reader_id)
+        if cur is None:
+            raise InvalidUsage(f"critical reader {reader_id} is not registered on shard {self.shard_id}")
+        if cur.opaque != expected_opaque:
+            return False, cur, False
+        since = max(cur.since, new_since)
+        if since == cur.since and new_opaque == cur.opaque:
+            return True, cur, False
+        self.critical[reader_id] = CriticalReaderState(since, new_opaque)
+        return True, self.critical[reader_id], True
+
+    def expire_writer(self, writer_id: str) -> bool:
+        """Drop writer ``writer_id``'s registration (its idempotency record). False if it had none."""
+        return self.writers.pop(writer_id, None) is not None
+
+    def forget_garbage(self, deleted: set[str]) -> bool:
+        """Forget retired parts whose blobs were ``deleted``. False if none was listed."""
+        before = len(self.garbage)
+        self.garbage = [(k, at) for k, at in self.garbage if k not in deleted]
+        return len(self.garbage) != before
+
+    def last_token(self, writer_id: str) -> str | None:
+        """The token of writer ``writer_id``'s most recent append, if it is registered."""
+        w = self.writers.get(writer_id)
+        return None if w is None else w.token
 
     def tombstone(self, now_ms: int) -> bool:
         """Retire the whole shard: ``since`` and ``upper`` past every time, no holds, no batches.

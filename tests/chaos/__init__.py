@@ -4,5 +4,5 @@
 - :mod:`tests.chaos.verify`: the verifier (replays the change feed and checks every timestamp).
 - :mod:`tests.chaos.driver`: runs moto, the fault proxy, workers, CLI commands and kills; returns a result.
 
-``tests/test_chaos.py`` runs the short profile; ``benchmarks/chaos.py`` the long one.
+``tests/chaos/test_chaos.py`` runs the short profile; ``benchmarks/chaos.py`` the long one.
 """

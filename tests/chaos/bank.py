@@ -65,7 +65,7 @@ import pyarrow as pa
 
 from persist import Determinate, Indeterminate, InvalidUsage, PersistClient, PersistConfig, PersistError, Schema
 from persist.errors import CorruptObject
-from txns import TimestampUnavailable, Tidy, Txn, TxnApply, TxnsHandle
+from txns import Tidy, TimestampUnavailable, Txn, TxnApply, TxnsHandle
 
 LEGS_SCHEMA = Schema(
     key=pa.schema([("account", pa.string()), ("transfer_id", pa.string())]),
@@ -202,7 +202,7 @@ class Stats:
         print(f"VIOLATION {kind}: {detail}", file=sys.stderr, flush=True)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dict(self.__dict__.items())
 
 
 class Worker:

@@ -13,8 +13,9 @@
    TXNS_ID``) through it too. Workers and commands are SIGKILLed at random
    times (seeded), and workers also kill themselves at crash points
    (``crash_prob``: around the pending file, the commit and the ack); a
-   killed worker restarts as a new incarnation with the same files. A command exiting with status 2 (usage error) on a storage
-   failure is a violation; status 1 is fine;
+   killed worker restarts as a new incarnation with the same files. A
+   command exiting with status 2 (usage error) on a storage failure is a
+   violation; status 1 is fine;
 3. finish: every worker is killed, faults are turned off, and each worker
    runs once in ``finish`` mode, committing its pending transaction; every
    one must commit within ``finish_timeout_s``. Then ``txns apply`` runs once
@@ -211,7 +212,7 @@ def _kill(p: subprocess.Popen[bytes]) -> None:
 @contextlib.contextmanager
 def moto_subprocess(python: str, log_path: Path) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a moto server in a child process (stopped on exit)."""
-    log = open(log_path, "ab")
+    log = open(log_path, "ab")  # noqa: SIM115 - the child writes to it until the server stops
     p = subprocess.Popen(
         [python, "-m", "tests.chaos.driver", "moto"],
         cwd=REPO,
@@ -285,7 +286,7 @@ class _Run:
             self.cfg.log(msg)
 
     def popen(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        f = open(log_path, "ab")
+        f = open(log_path, "ab")  # noqa: SIM115 - kept for the child's life, closed with the run
         self.logs.append(f)
         p = subprocess.Popen(argv, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, stdout=f, stderr=f)
         self.procs.append(p)

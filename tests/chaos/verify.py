@@ -111,7 +111,7 @@ def verify(url: str, txns_id: str, legs: str, ledger: str, state_dir: Path) -> R
     try:
         handle.cache.sync()
         upper = handle.cache.frontier
-        since = max(client.machine(legs).fetch().since, client.machine(ledger).fetch().since)
+        since = max(client.shard(legs).fetch().since, client.shard(ledger).fetch().since)
         start = max(REGISTER_TS, since)
         rep.start, rep.upper = start, upper
         if upper <= start:

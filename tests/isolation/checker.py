@@ -302,7 +302,7 @@ class _Graph:
         return self.succ.get(u, {}).get(v, 0)
 
     def counts(self) -> dict[str, int]:
-        counts = {name: 0 for name in KIND_NAMES.values()}
+        counts = dict.fromkeys(KIND_NAMES.values(), 0)
         for targets in self.succ.values():
             for mask in targets.values():
                 for bit, name in KIND_NAMES.items():
@@ -404,7 +404,7 @@ def _committed(ops: Sequence[Op], writers: dict[Key, dict[int, _Write]]) -> set[
 
 
 def _op_counts(ops: Sequence[Op], committed: set[int]) -> dict[str, int]:
-    counts = {status: 0 for status in STATUSES}
+    counts = dict.fromkeys(STATUSES, 0)
     for op in ops:
         counts[op.status] += 1
     counts["committed"] = len(committed)

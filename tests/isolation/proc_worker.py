@@ -154,7 +154,11 @@ class WorkerStats:
 
     def to_json(self) -> dict[str, Any]:
         with self.lock:
-            return {"outcomes": dict(self.outcomes), "exceptions": dict(self.exceptions), "unexpected": list(self.unexpected)}
+            return {
+                "outcomes": dict(self.outcomes),
+                "exceptions": dict(self.exceptions),
+                "unexpected": list(self.unexpected),
+            }
 
 
 def classify(e: BaseException) -> tuple[str, bool]:
@@ -236,7 +240,9 @@ class Worker:
         return None
 
     def run(self) -> int:
-        threads = [threading.Thread(target=self._thread, args=(n,), name=f"worker-{n}") for n in range(self.args.threads)]
+        threads = [
+            threading.Thread(target=self._thread, args=(n,), name=f"worker-{n}") for n in range(self.args.threads)
+        ]
         for th in threads:
             th.start()
         for th in threads:
@@ -272,7 +278,13 @@ class Worker:
     def _list_append(self, db: txns.Database, rng: random.Random, op_id: str) -> None:
         plan = workload.random_txn(rng, self.args.keys, self.counter)
         self.rec.write(
-            {"t": "invoke", "id": op_id, "process": self.process, "start": time.monotonic(), "plan": [list(p) for p in plan]}
+            {
+                "t": "invoke",
+                "id": op_id,
+                "process": self.process,
+                "start": time.monotonic(),
+                "plan": [list(p) for p in plan],
+            }
         )
         mops: list[tuple] = []
         body = workload.txn_body(plan, mops)
@@ -622,7 +634,9 @@ def verify_bank(
             t = by_tid.get(tid) if tid is not None else None
             want = {} if t is None else {t.src: -t.amount, t.dst: t.amount}
             if changed != want:
-                rep.violation("wrong-effect", f"at {ts} (transfer {tid}): balances changed by {changed}, expected {want}")
+                rep.violation(
+                    "wrong-effect", f"at {ts} (transfer {tid}): balances changed by {changed}, expected {want}"
+                )
         previous = balances
     return rep
 

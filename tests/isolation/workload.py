@@ -147,7 +147,9 @@ def run_threads(
         db = connect()
         try:
             for i in range(txns_each):
-                op = run_one(db, random_txn(rng, keys, counter), f"{process}-{w}", f"{process}-{w}-{i}", isolation, retry)
+                op = run_one(
+                    db, random_txn(rng, keys, counter), f"{process}-{w}", f"{process}-{w}-{i}", isolation, retry
+                )
                 with lock:
                     out.append(op)
                 if pause_s:

@@ -95,7 +95,9 @@ def _batches(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Tabl
             try:
                 yield pa.Table.from_pandas(data, preserve_index=False)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-                raise SchemaMismatch(f"table {table_name!r}: this pandas DataFrame cannot be converted to Arrow: {e}") from None
+                raise SchemaMismatch(
+                    f"table {table_name!r}: this pandas DataFrame cannot be converted to Arrow: {e}"
+                ) from None
             return
     if module.startswith("polars"):
         import polars as pl
@@ -120,7 +122,7 @@ def _batches(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Tabl
     )
 
 
-def _rows(rows: list, table_name: str) -> Iterator[pa.Table]:
+def _rows(rows: list[Any], table_name: str) -> Iterator[pa.Table]:
     """A list of dicts as Arrow, in chunks; every row must be a dict with the same keys."""
     if not rows:
         return
@@ -138,18 +140,20 @@ def _rows(rows: list, table_name: str) -> Iterator[pa.Table]:
                     f"table {table_name!r}: row #{start + i} has different columns from row #0 "
                     f"(missing {missing}, unexpected {extra})"
                 )
-        cols: dict[str, list] = {n: [r[n] for r in chunk] for n in names}
+        cols: dict[str, list[Any]] = {n: [r[n] for r in chunk] for n in names}
         arrays = {}
         for n, values in cols.items():
             try:
                 arrays[n] = pa.array(values)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
                 bad = next((v for v in values if not _same_kind(v, values)), values[0])
-                raise SchemaMismatch(f"table {table_name!r}: column {n!r} has mixed or unsupported values ({bad!r}): {e}") from None
+                raise SchemaMismatch(
+                    f"table {table_name!r}: column {n!r} has mixed or unsupported values ({bad!r}): {e}"
+                ) from None
         yield pa.table(arrays) if arrays else pa.table({})
 
 
-def _same_kind(v: object, values: list) -> bool:
+def _same_kind(v: object, values: list[Any]) -> bool:
     first = next((x for x in values if x is not None), None)
     return v is None or first is None or type(v) is type(first)
 

@@ -40,6 +40,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -79,7 +80,7 @@ def check_name(name: object, what: str = "table name") -> str:
 
 
 def _supported(t: pa.DataType) -> bool:
-    return (
+    supported: bool = (
         pa.types.is_integer(t)
         or pa.types.is_floating(t)
         or pa.types.is_boolean(t)
@@ -94,6 +95,7 @@ def _supported(t: pa.DataType) -> bool:
         or pa.types.is_time(t)
         or pa.types.is_duration(t)
     )
+    return supported
 
 
 def check_schema(schema: object) -> pa.Schema:
@@ -192,11 +194,11 @@ class TableEntry:
             return self.schema
         return self.schema.with_metadata({PRIMARY_KEY_META: json.dumps(list(self.primary_key)).encode()})
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         return (self.name, self.data_id, schema_to_text(self.stored_schema()), self.created_ms, self.retention_ms)
 
     @staticmethod
-    def from_key(key: tuple) -> TableEntry:
+    def from_key(key: tuple[Any, ...]) -> TableEntry:
         name, data_id, text, created_ms, retention_ms = key
         schema = schema_from_text(text)
         meta = schema.metadata or {}
@@ -220,7 +222,7 @@ class CatalogView:
     tables: dict[str, TableEntry]
 
     @staticmethod
-    def from_updates(as_of: int, updates: list) -> CatalogView:
+    def from_updates(as_of: int, updates: list[Any]) -> CatalogView:
         """From a consolidated snapshot of the catalog shard (``((key, ()), ts, diff)``)."""
         tables: dict[str, TableEntry] = {}
         for (key, _val), _ts, diff in updates:

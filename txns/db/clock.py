@@ -53,14 +53,14 @@ def wall_ms(ts: int) -> int:
 
 def to_datetime(ts: int) -> dt.datetime:
     """The wall-clock time (UTC, millisecond precision) of timestamp ``ts``."""
-    return dt.datetime.fromtimestamp(wall_ms(ts) / 1000, tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(wall_ms(ts) / 1000, tz=dt.UTC)
 
 
 def ms_of_datetime(when: dt.datetime) -> int:
     """Milliseconds since the epoch of ``when``; a naive datetime is taken as local time."""
     if when.tzinfo is None:
         when = when.astimezone()  # local time, as datetime.now() gives
-    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     return (delta.days * 86_400_000) + (delta.seconds * 1000) + (delta.microseconds // 1000)
 
 

@@ -96,7 +96,7 @@ def cmd_init(args: argparse.Namespace, out: TextIO) -> int:
     try:
         if existed and retention is not None and retention != db.retention:
             db.set_retention(retention)
-        j = {
+        j: dict[str, Any] = {
             "url": db.url,
             "created": not existed,
             "txns_id": db.root.txns_id,
@@ -120,7 +120,7 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
     try:
         ts = db.resolve(parse_as_of(args.as_of))
         view = db.catalog(ts)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in sorted(view.tables):
             e = view.tables[name]
             t = db.table(name) if args.as_of is None else None
@@ -227,13 +227,13 @@ def cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def compact_db(url: str, out: TextIO, as_json: bool) -> dict:
+def compact_db(url: str, out: TextIO, as_json: bool) -> dict[str, Any]:
     """``txns compact URL``: retention holds and a full compaction of every table."""
     db = open_db(url)
     try:
         report = db.compact()
         db.handle.compact_to(db.latest())
-        db.handle.writer.machine.fetch()
+        db.handle.writer.shard.fetch()
         for _ in range(64):  # the txns shard itself, until its policy asks for nothing more
             if db.handle.writer.compact() == 0:
                 break
@@ -270,9 +270,9 @@ def gc_reason(client: PersistClient, shard_id: str, older_than_s: float, keep: s
     """Why a gc of ``shard_id`` deleted nothing: what it found and kept, or that there was nothing."""
     import time
 
-    from persist._internal.parts import part_written_ms
+    from persist.manifest import part_written_ms
 
-    state = client.machine(shard_id).fetch()
+    state = client.shard(shard_id).fetch()
     grace_ms = int(client.config.part_grace_s * 1000)
     now = client.config.clock_ms()
     waiting = [k for k, at in state.garbage if at > now - grace_ms]
@@ -287,7 +287,9 @@ def gc_reason(client: PersistClient, shard_id: str, older_than_s: float, keep: s
     if waiting:
         why.append(f"{len(waiting)} retired part(s) wait out their {client.config.part_grace_s:g}s grace period")
     if young:
-        why.append(f"{young} unreferenced part(s) are younger than --older-than {older_than_s:g}s (maybe writes in progress)")
+        why.append(
+            f"{young} unreferenced part(s) are younger than --older-than {older_than_s:g}s (maybe writes in progress)"
+        )
     return "; ".join(why) if why else "every part is referenced by the shard or an unapplied commit"
 
 

@@ -62,7 +62,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -70,14 +70,15 @@ import pyarrow as pa
 from persist import (
     Indeterminate,
     InvalidUsage,
+    PartRetired,
     PersistClient,
     PersistConfig,
     ReadBelowSince,
     ReadTimeout,
     SnapshotPlan,
+    backoff,
+    replan,
 )
-from persist._internal.parts import MissingPart
-from persist._internal.retry import backoff
 from persist.url import redact
 from txns.commits import COMMITS_SCHEMA, commits_shard_id
 from txns.db import clock
@@ -86,13 +87,13 @@ from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
-from txns.db.retention import RetentionHolds, compact_all
+from txns.db.retention import RetentionHolds, check_retention
 from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
 from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.handle import TxnsHandle
-from txns.txn import Txn, TxnApply
+from txns.txn import Txn
 
 if TYPE_CHECKING:
     from txns.db.read_txn import ReadTransaction
@@ -104,6 +105,8 @@ log = logging.getLogger(__name__)
 AsOf = int | dt.datetime | None
 RETENTION_EVERY_MS = 60_000
 """How often (at most) a database moves a written table's retention hold along."""
+T = TypeVar("T")
+
 DROPPED_REPORT = "(dropped tables)"
 """The key of ``compact()``'s report on dropped tables retired ({"tombstoned": n, "forgotten": n})."""
 RUN_MAX_ATTEMPTS = 16
@@ -116,16 +119,6 @@ AUTO_COMPACT_BYTES = 8 << 20
 """Tables up to this size are compacted whole when their hold moves (bigger ones by ``compact()``)."""
 APPLY_WAIT_S = 5.0
 """How long ``compact()`` waits for the background worker's apply and maintenance before its own."""
-
-
-def check_retention(retention: object, what: str = "retention") -> int:
-    """``retention`` (a ``timedelta``) as milliseconds, or InvalidUsage."""
-    if isinstance(retention, dt.timedelta):
-        ms = int(retention.total_seconds() * 1000)
-        if ms < 0:
-            raise InvalidUsage(f"{what} must not be negative, got {retention}")
-        return ms
-    raise InvalidUsage(f"{what} must be a datetime.timedelta (e.g. timedelta(days=7)), got {retention!r}")
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> None:
@@ -151,7 +144,7 @@ class _Pending:
     error: BaseException | None = None
 
 
-def _overlaps(reads: ReadSet, wrote: Mapping[str, set[tuple] | None]) -> bool:
+def _overlaps(reads: ReadSet, wrote: Mapping[str, set[tuple[Any, ...]] | None]) -> bool:
     """Whether anything read is among what was written (per data shard: a key in both, or a whole table)."""
     for d, keys in reads.items():
         if d not in wrote:
@@ -346,7 +339,7 @@ class Database:
         # The head read (the network round trip) outside the lock, so concurrent
         # transactions (and a group commit's leader) do not wait on it; the
         # machine keeps the newest state read, which the cache then absorbs.
-        cache.machine.fetch()
+        cache.shard.fetch()
         with self._lock:
             cache.sync_cached()
             return cache.frontier - 1
@@ -433,7 +426,7 @@ class Database:
                     f"(at {clock.describe(created)})",
                     created,
                 )
-            since = self.handle.data_writer(self.root.catalog_id).machine.state().since
+            since = self.handle.data_writer(self.root.catalog_id).shard.state().since
             if ts < since:
                 raise self._catalog_below(ts, since)
             # The catalog is the same at every time from its latest write up to
@@ -465,21 +458,27 @@ class Database:
     def _read_catalog(self, ts: int) -> CatalogView:
         """Read the catalog shard at ``ts`` (without writing anything when the txns cache allows)."""
         d = self.root.catalog_id
-        for attempt in range(3):
+        cols = list(CATALOG_SCHEMA.key_names)
+
+        def read() -> CatalogView:
             plan = self._log_plan(d, ts)
             if plan is None:
                 return CatalogView.from_updates(ts, self.handle.snapshot(d, ts))
-            cols = list(CATALOG_SCHEMA.key_names)
-            try:
-                rows = read_table(PlanReader(self.client.blob, plan, cols, None, self.client.config.retry_deadline_s))
-            except MissingPart:  # retired by a compaction after we planned: plan again
-                self.handle.data_writer(d).machine.fetch()
-                if attempt == 2:
-                    raise
-                continue
+            rows = self._read_checked(d, lambda: read_table(self._plan_reader(plan, cols)))
             entries = [TableEntry.from_key(tuple(r[c] for c in cols)) for r in rows.to_pylist()]
             return CatalogView(ts, {e.name: e for e in entries})
-        raise AssertionError("unreachable")
+
+        return replan(read)
+
+    def _plan_reader(self, plan: SnapshotPlan, cols: list[str], filter: Any = None) -> PlanReader:
+        return PlanReader(self.client.blob, plan, cols, filter, self.client.config.retry_deadline_s)
+
+    def _read_checked(self, data_id: str, read: Callable[[], T]) -> T:
+        """``read()`` of a plan of ``data_id``; a part found missing is classified (``ShardView.missing_part``)."""
+        try:
+            return read()
+        except PartRetired as e:
+            raise self.handle.data_writer(data_id).shard.missing_part(e.key) from None
 
     def _remember_catalog(self, key: tuple[str, int], view: CatalogView) -> None:
         if len(self._catalogs) > 64:
@@ -686,7 +685,9 @@ class Database:
         what an earlier member writes.
         """
         if validate is not None:
-            return self._commit_ddl(txn, validate, written, reads=reads, names=names, read_ts=read_ts, isolation=isolation)
+            return self._commit_ddl(
+                txn, validate, written, reads=reads, names=names, read_ts=read_ts, isolation=isolation
+            )
         p = _Pending(txn, dict(written or {}), reads or {}, names or {}, read_ts, isolation, writes or {})
         with self._queue_lock:
             self._queue.append(p)
@@ -776,7 +777,7 @@ class Database:
     def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
         """The members that commit together at ``upper``: validated, and none reading what an earlier one writes."""
         group: list[_Pending] = []
-        wrote: dict[str, set[tuple] | None] = {}
+        wrote: dict[str, set[tuple[Any, ...]] | None] = {}
         for q in members:
             if q.done:
                 continue
@@ -911,15 +912,15 @@ class Database:
         if ts >= cache.frontier or not cache.registered_at(data_id, ts):
             return None
         w = self.handle.data_writer(data_id)
-        state = w.machine.state()
+        state = w.shard.state()
         if state.upper <= ts and ts < cache.since:
-            state = w.machine.fetch()  # (below the cache's since it cannot name the writes in [upper, ts])
+            state = w.shard.fetch()  # (below the cache's since it cannot name the writes in [upper, ts])
         for fresh in (False, True):
             if fresh:
                 # Some writes in [upper, ts] were tidied from the log since this
                 # state was cached: they are applied. Read the shard afresh (after
                 # the cache, so whatever it applied since is in it).
-                state = w.machine.fetch()
+                state = w.shard.fetch()
             if ts < state.since:
                 raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
             runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
@@ -946,21 +947,9 @@ class Database:
             since,
         )
 
-    def refetch(self, entry: TableEntry) -> None:
-        with self._lock:
-            self.handle.data_writer(entry.data_id).machine.fetch()
-
-    def with_replan(self, entry: TableEntry, ts: int, read: Any) -> Any:
-        """``read(plan)``, planning again if compaction retired a part in between (up to 3 times)."""
-        for attempt in range(3):
-            plan = self.plan(entry, ts)
-            try:
-                return read(plan)
-            except MissingPart:
-                self.refetch(entry)
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+    def with_replan(self, entry: TableEntry, ts: int, read: Callable[[SnapshotPlan], T]) -> T:
+        """``read(plan)``, planned again if compaction retired a part in between (:func:`persist.replan`)."""
+        return replan(lambda: self._read_checked(entry.data_id, lambda: read(self.plan(entry, ts))))
 
     # ---- history -------------------------------------------------------------------------------
 
@@ -1015,17 +1004,13 @@ class Database:
         when the txns cache allows (see :meth:`_log_plan`); else as ``TxnsHandle.commit_records``."""
         d = self.handle.commits_id
         cols = ["txn_id", "commit_ts", "wall_ms", "info"]
-        for attempt in range(3):
+        def read() -> pa.Table:
             plan = self._log_plan(d, ts) if self.handle.cache.registered_at(d, ts) else None
             if plan is None:
                 return self.handle.commit_records(ts)
-            try:
-                return read_table(PlanReader(self.client.blob, plan, cols, None, self.client.config.retry_deadline_s))
-            except MissingPart:  # retired by a compaction after we planned: plan again
-                self.handle.data_writer(d).machine.fetch()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+            return self._read_checked(d, lambda: read_table(self._plan_reader(plan, cols)))
+
+        return replan(read)
 
     # ---- retention and compaction -----------------------------------------------------------------
 
@@ -1044,7 +1029,9 @@ class Database:
             self._held_at[data_id] = self.client.config.clock_ms()
         return held
 
-    def _has_expired_history(self, handle: TxnsHandle, data_id: str, now_ms: int, created_ms: int | None = None) -> bool:
+    def _has_expired_history(
+        self, handle: TxnsHandle, data_id: str, now_ms: int, created_ms: int | None = None
+    ) -> bool:
         """Whether the shard (as cached: no request) stores updates older than any retention could keep.
 
         Judged against the shortest retention in use, so a table with nothing
@@ -1059,7 +1046,7 @@ class Database:
         if created_ms is not None and created_ms > now_ms - shortest:
             return False
         target = clock.ts_of_ms(max(0, now_ms - shortest))
-        state = handle.data_writer(data_id).machine.state()
+        state = handle.data_writer(data_id).shard.state()
         if target <= state.since:
             with self._hold_lock:
                 self._held_at[data_id] = now_ms
@@ -1091,22 +1078,22 @@ class Database:
             e = by_id.get(d)
             if e is None:
                 continue
-            before = handle.data_writer(d).machine.state().since
+            before = handle.data_writer(d).shard.state().since
             if self._hold(handle, d, self._retention_ms(e), ts) > before:
                 self._compact_small(handle, d)
 
     def _compact_small(self, handle: TxnsHandle, data_id: str) -> None:
         """After a hold moved: merge a small shard's batches at the new since (a big one waits for compact())."""
         w = handle.data_writer(data_id)
-        state = w.machine.state()
+        state = w.shard.state()
         if len(state.batches) >= 2 and sum(b.size for b in state.batches) <= AUTO_COMPACT_BYTES:
-            compact_all(w)
+            w.compact_all()
 
     def _settle(self, timeout: float | None = None) -> bool:
         """Wait for the background apply (and maintenance) of every commit made so far; whether it ran."""
         return self._applier.wait(None, timeout)
 
-    def compact(self) -> dict[str, dict]:
+    def compact(self) -> dict[str, dict[str, Any]]:
         """Apply retention to every table (and the catalog), then compact each one. Returns a report per table.
 
         Also retires dropped tables whose drop is older than the retained
@@ -1114,7 +1101,7 @@ class Database:
         """
         self._check_open()
         self._settle(APPLY_WAIT_S)  # (the worker's maintenance first, so the two do not race)
-        report: dict[str, dict] = {}
+        report: dict[str, dict[str, Any]] = {}
         with self._lock:
             self._refresh_root()
             latest = self.latest()
@@ -1124,7 +1111,7 @@ class Database:
             targets.append(("(catalog)", self.root.catalog_id, longest))
             for name, d, ret in targets:
                 since = self._hold(self.handle, d, ret, latest)
-                r = compact_all(self.handle.data_writer(d))
+                r = self.handle.data_writer(d).compact_all()
                 r["hold"] = since
                 report[name] = r
             self._catalogs.clear()
@@ -1161,9 +1148,9 @@ class Database:
             if self.client.tombstone(d):
                 out["tombstoned"] += 1
             w = self.handle.data_writer(d)
-            w.machine.fetch()
+            w.shard.fetch()
             w.collect_garbage()
-            if not w.machine.state().garbage:
+            if not w.shard.state().garbage:
                 released.append(d)
         if released:
             self._forget(released)

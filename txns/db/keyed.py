@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import SchemaMismatch, SnapshotPlan
-from persist._internal.parts import bound_value, prune_runs
+from persist.manifest import bound_value, prune_runs
 from txns.db.arrow_io import arrow_pieces, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import InvalidPrimaryKey
@@ -73,7 +73,9 @@ def _conformed_keys(e: TableEntry, table: pa.Table, what: str) -> list[Key]:
     try:
         table = conform(table, schema, e.name)
     except SchemaMismatch as x:
-        raise InvalidPrimaryKey(f"table {e.name!r}: {what} do not fit the primary key {list(schema.names)}: {x}") from None
+        raise InvalidPrimaryKey(
+            f"table {e.name!r}: {what} do not fit the primary key {list(schema.names)}: {x}"
+        ) from None
     cols = [table.column(n).to_pylist() for n in schema.names]
     return list(zip(*cols, strict=True))
 
@@ -99,7 +101,14 @@ def keys_from_values(e: TableEntry, values: Sequence[object]) -> list[Key]:
         vals = [t[j] for t in tuples]
         try:
             arrays[n] = pa.array(vals)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError) as x:
+        except (
+            pa.ArrowInvalid,
+            pa.ArrowTypeError,
+            pa.ArrowNotImplementedError,
+            TypeError,
+            ValueError,
+            OverflowError,
+        ) as x:
             raise InvalidPrimaryKey(
                 f"table {e.name!r}: the values given for key column {n!r} ({e.schema.field(n).type}) "
                 f"are not values of one type: {x}"

@@ -18,7 +18,7 @@ Invariants:
 - Reads below the since raise ``ReadBelowSince`` (the table layer names the
   earliest readable time).
 
-:func:`compact_all` merges every batch of a shard into one (when they fit
+``WriteHandle.compact_all`` (persist) merges every batch of a shard into one (when they fit
 ``compaction_max_bytes``), consolidated at the since: after many updates of
 the same rows the stored row count falls back to the live rows plus the
 changes still within retention. Bigger shards use the size-tiered policy
@@ -27,15 +27,24 @@ changes still within retention. Bigger shards use the size-tiered policy
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
-from persist import PersistClient, SinceHandle
-from persist._internal.merge import apply_merged, merge_batches
-from persist.write import WriteHandle
+from persist import InvalidUsage, PersistClient, SinceHandle
 
 log = logging.getLogger(__name__)
 
 RETENTION_READER = "txns-db-retention"
+
+
+def check_retention(retention: object, what: str = "retention") -> int:
+    """``retention`` (a ``timedelta``) as milliseconds, or InvalidUsage."""
+    if isinstance(retention, dt.timedelta):
+        ms = int(retention.total_seconds() * 1000)
+        if ms < 0:
+            raise InvalidUsage(f"{what} must not be negative, got {retention}")
+        return ms
+    raise InvalidUsage(f"{what} must be a datetime.timedelta (e.g. timedelta(days=7)), got {retention!r}")
 
 
 class RetentionHolds:
@@ -59,30 +68,4 @@ class RetentionHolds:
         return res.since
 
 
-def compact_all(writer: WriteHandle) -> dict:
-    """Merge every batch of the writer's shard into one, consolidated at its since. Returns before/after counts."""
-    state = writer.machine.fetch()
-    before = {"batches": len(state.batches), "rows": sum(b.rows for b in state.batches), "parts": len(state.part_keys())}
-    size = sum(b.size for b in state.batches)
-    merged_all = False
-    if len(state.batches) >= 2 or (state.batches and state.batches[0].since < state.since and state.batches[0].rows):
-        if size <= writer.config.compaction_max_bytes:
-            merged = merge_batches(
-                writer.blob,
-                writer.shard_id,
-                writer.schema.arrow,
-                list(state.batches),
-                state.since,
-                writer.config,
-                writer.compaction_inline_max_bytes,
-            )
-            merged_all = apply_merged(writer.blob, writer.machine, list(state.batches), merged, writer.config)
-        else:
-            writer.compact(max_rounds=16)
-    writer.collect_garbage()
-    state = writer.machine.fetch()
-    after = {"batches": len(state.batches), "rows": sum(b.rows for b in state.batches), "parts": len(state.part_keys())}
-    return {"before": before, "after": after, "since": state.since, "merged_all": merged_all}
-
-
-__all__ = ["RETENTION_READER", "RetentionHolds", "compact_all"]
+__all__ = ["RETENTION_READER", "RetentionHolds", "check_retention"]

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
-from persist import ExternalError, Indeterminate, InvalidUsage, PersistClient, ShardId
-from persist._internal.codec import frame, unframe
+from persist import ExternalError, Indeterminate, InvalidUsage, PersistClient, ShardId, backoff, frame, unframe
 from persist.location import CaSResult
-from persist._internal.machine import backoff
 
 ROOT_KEY = "txns-db-root"
 KIND_ROOT = 101
@@ -107,7 +107,7 @@ def create_root(client: PersistClient, proposal: RootRecord) -> RootRecord:
         backoff(attempt)
 
 
-def update_root(client: PersistClient, change: dict) -> RootRecord:
+def update_root(client: PersistClient, change: dict[str, Any]) -> RootRecord:
     """Change settings (``retention_ms``) in a new version of the root record; return it."""
     while True:
         root = read_root(client)
@@ -134,7 +134,10 @@ def new_proposal(now_ms: int) -> RootRecord:
     )
 
 
-def _retrying(client: PersistClient, op):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def _retrying(client: PersistClient, op: Callable[[], T]) -> T:
     deadline = time.monotonic() + client.config.retry_deadline_s
     attempt = 0
     while True:

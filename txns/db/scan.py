@@ -46,7 +46,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, wait
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -54,9 +54,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from persist import CorruptObject, InvalidUsage, SnapshotPlan
-from persist._internal.codec import crc32c
 from persist.location import Blob
-from persist._internal.parts import MissingPart, PartRef, Run, decode_inline, get_retrying
+from persist.manifest import PartRef, Run, decode_inline, fetch_part
 from txns.db.pool import in_pool, pool
 
 IN_MEMORY_BYTES = 64 << 20
@@ -168,13 +167,7 @@ def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float, cache: PartCach
         hit = cache.get(ref)
         if hit is not None:
             return hit
-    data = get_retrying(blob, ref.key, retry_deadline_s)
-    if data is None:
-        raise MissingPart(ref.key)
-    if len(data) != ref.size:
-        raise CorruptObject(ref.key, f"size {len(data)} != recorded {ref.size}")
-    if crc32c(data) != ref.crc:
-        raise CorruptObject(ref.key, "CRC-32C mismatch with the part descriptor")
+    data = fetch_part(blob, ref, retry_deadline_s)
     if cache is not None:
         cache.put(ref, data)
     return data
@@ -204,9 +197,12 @@ def check_columns(schema: pa.Schema, columns: object) -> list[str]:
     """The projection as a list of column names, or InvalidUsage."""
     if columns is None:
         return list(schema.names)
-    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):  # type: ignore[union-attr]
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Iterable):
         raise InvalidUsage(f"columns must be a list of column names, got {columns!r}")
-    cols = list(columns)  # type: ignore[call-overload]
+    given = list(columns)  # (read once: a generator is fine)
+    if not all(isinstance(c, str) for c in given):
+        raise InvalidUsage(f"columns must be a list of column names, got {given!r}")
+    cols = cast("list[str]", given)
     if not cols:
         raise InvalidUsage("columns must name at least one column (or be None for all)")
     unknown = [c for c in cols if c not in schema.names]
@@ -312,7 +308,9 @@ class PlanReader:
             raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
         return self._finish(t.replace_schema_metadata(None), run)
 
-    def pieces(self, runs: Iterable[Run], negative_only: bool = False, ahead: int = READ_PARALLELISM) -> Iterator[pa.Table]:
+    def pieces(
+        self, runs: Iterable[Run], negative_only: bool = False, ahead: int = READ_PARALLELISM
+    ) -> Iterator[pa.Table]:
         """Every piece of ``runs`` in order (inline rows, then parts), parts read by a pool (see :func:`ordered`)."""
 
         def read(item: tuple[Run, PartRef | None]) -> pa.Table:
@@ -403,7 +401,9 @@ def scan(reader: PlanReader, in_memory_bytes: int = IN_MEMORY_BYTES) -> Iterator
         return reader.part(big, ref, data=kept.pop(i, None))
 
     big_inline = reader.inline(big)
-    for piece in _chain([big_inline] if big_inline is not None else [], ordered(whole, range(len(big.parts)), SCAN_AHEAD)):
+    for piece in _chain(
+        [big_inline] if big_inline is not None else [], ordered(whole, range(len(big.parts)), SCAN_AHEAD)
+    ):
         if two_pass and piece.num_rows and pc.min(piece.column("diff")).as_py() <= 0:
             piece = piece.filter(pc.greater(piece.column("diff"), 0))  # its retractions are in the delta
         if piece.num_rows == 0:
@@ -494,7 +494,9 @@ def read_changes(
             items.append((run, None))
         items.extend((run, ref) for ref in run.parts)
     pieces = [t for t in ordered(read, items, READ_PARALLELISM, _workers(items)) if t.num_rows]
-    out_schema = pa.schema([*(arrow.field(c) for c in columns), pa.field("ts", pa.int64()), pa.field("diff", pa.int64())])
+    out_schema = pa.schema(
+        [*(arrow.field(c) for c in columns), pa.field("ts", pa.int64()), pa.field("diff", pa.int64())]
+    )
     if not pieces:
         return out_schema.empty_table()
     t = pa.concat_tables(pieces)

@@ -74,7 +74,9 @@ class Table:
         cols, expr = self._reader_args(e, columns, filter)
         db = self.db
         cfg = db.client.config
-        return db.with_replan(e, ts, lambda plan: read_table(PlanReader(db.client.blob, plan, cols, expr, cfg.retry_deadline_s)))
+        return db.with_replan(
+            e, ts, lambda plan: read_table(PlanReader(db.client.blob, plan, cols, expr, cfg.retry_deadline_s))
+        )
 
     def to_pandas(self, as_of: AsOf = None, *, columns: list[str] | None = None, filter: Any = None) -> Any:
         """Like :meth:`to_arrow`, as a pandas DataFrame."""
@@ -104,7 +106,9 @@ class Table:
 
         return pa.RecordBatchReader.from_batches(reader.out_schema, batches())
 
-    def changes(self, start: int | dt.datetime, end: int | dt.datetime | None = None, *, columns: list[str] | None = None) -> pa.Table:
+    def changes(
+        self, start: int | dt.datetime, end: int | dt.datetime | None = None, *, columns: list[str] | None = None
+    ) -> pa.Table:
         """The updates with ``start <= ts < end`` (``end`` None: through the latest commit).
 
         Columns: the table's (or ``columns``), ``ts`` (int64) and ``diff``
@@ -151,7 +155,7 @@ def _bound(x: object, what: str) -> int:
 
 
 def plan_since(db: Database, e: TableEntry) -> int:
-    return db.handle.data_writer(e.data_id).machine.state().since
+    return db.handle.data_writer(e.data_id).shard.state().since
 
 
 def _changes_schema(schema: pa.Schema, cols: list[str]) -> pa.Schema:

@@ -76,6 +76,7 @@ from txns.db.keyed import (
     without_keys,
 )
 from txns.db.pool import each
+from txns.db.retention import check_retention
 from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, read_table
 
 if TYPE_CHECKING:
@@ -154,7 +155,8 @@ class Transaction:
         self._tracked_bytes = 0
         self._untracked: set[str] = set()
         self._read_set: dict[str, set[Key] | None] = {}
-        self._own: dict[str, dict[Key, dict[str, Any] | None]] = {}  # keyed tables: data_id -> key -> row (None: deleted)
+        # keyed tables: data_id -> key -> row (None: deleted)
+        self._own: dict[str, dict[Key, dict[str, Any] | None]] = {}
         self._own_bytes = 0
         self._key_cache: dict[str, dict[Key, list[dict[str, Any]]]] = {}  # committed rows at _read_ts, by key
         self._key_cache_size = 0
@@ -206,8 +208,6 @@ class Transaction:
         ``update``; key columns must hold no nulls and not be floating-point
         (``InvalidPrimaryKey``).
         """
-        from txns.db.database import check_retention
-
         self._check_open()
         check_name(name)
         schema = check_schema(schema)
@@ -248,8 +248,6 @@ class Transaction:
 
     def set_retention(self, name: str, retention: dt.timedelta | None) -> None:
         """Give table ``name`` its own history retention (None: the database's default)."""
-        from txns.db.database import check_retention
-
         self._check_open()
         e = self._entry(name)
         ret = None if retention is None else check_retention(retention)
@@ -343,7 +341,7 @@ class Transaction:
         self._builder(e.data_id, -1).add_table(self._updates(rows, -1))
         self._retracted.setdefault(e.data_id, []).append(rows)
         self._count(e.data_id, 0, rows.num_rows)
-        return rows.num_rows
+        return int(rows.num_rows)
 
     def _track(self, data_id: str, rows: pa.Table) -> None:
         if data_id in self._untracked:
@@ -379,7 +377,8 @@ class Transaction:
             if e.data_id in self._untracked:
                 hint = (
                     " (rows this transaction inserted past "
-                    f"{TRACK_INSERTED_BYTES >> 20} MiB, or from a stream, are not counted: retract them in a later transaction)"
+                    f"{TRACK_INSERTED_BYTES >> 20} MiB, or from a stream, are not counted: "
+                    "retract them in a later transaction)"
                 )
             raise RowNotFound(
                 f"table {e.name!r}: cannot retract {first}: {missing} more occurrence(s) than the table holds"
@@ -488,7 +487,7 @@ class Transaction:
         old = [r for i in changed for r in cur[keys[i]]]
         add = rows if len(changed) == rows.num_rows else rows.take(pa.array(changed, pa.int64()))
         self._apply_keyed(e, add, [(keys[i], new[i]) for i in changed], old)
-        return rows.num_rows
+        return int(rows.num_rows)
 
     def delete(self, table: str, keys: object) -> int:
         """Remove the rows of ``keys`` from keyed ``table``; return how many rows were removed.
@@ -534,8 +533,17 @@ class Transaction:
         if values:
             try:
                 arrays = {c: pa.array([v]) for c, v in values.items()}
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError) as x:
-                raise SchemaMismatch(f"table {e.name!r}: update values {dict(values)!r} cannot be converted to Arrow: {x}") from None
+            except (
+                pa.ArrowInvalid,
+                pa.ArrowTypeError,
+                pa.ArrowNotImplementedError,
+                TypeError,
+                ValueError,
+                OverflowError,
+            ) as x:
+                raise SchemaMismatch(
+                    f"table {e.name!r}: update values {dict(values)!r} cannot be converted to Arrow: {x}"
+                ) from None
             sub = pa.schema([e.schema.field(c) for c in values])
             given = conform(pa.table(arrays), sub, e.name).to_pylist()[0]
         moved = [c for j, c in enumerate(pk) if c in given and given[c] != k[j]]
@@ -653,7 +661,7 @@ class Transaction:
                 f"{cur[there][0]!r}; use upsert() to replace it. Nothing was inserted"
             )
         self._apply_keyed(e, rows, list(zip(keys, rows.to_pylist(), strict=True)), [])
-        return rows.num_rows
+        return int(rows.num_rows)
 
     def _retract_keyed(self, e: TableEntry, rows: pa.Table) -> int:
         """Retract ``rows`` of a keyed table: each must be its key's current row (else RowNotFound)."""
@@ -758,7 +766,7 @@ class Transaction:
         def touch(e: TableEntry) -> None:
             tables.setdefault(e.data_id, {"name": e.name, "added": 0, "retracted": 0})["name"] = e.name
 
-        for op, old, new in self._ops:
+        for _op, old, new in self._ops:
             for x in (old, new):
                 if x is not None:
                     touch(x)
@@ -797,7 +805,7 @@ class Transaction:
         Returns the tables after it: what the catalog is once this commits right after ``ts``.
         """
         live = dict(self._db.catalog(ts).tables)
-        for op, old, new in self._ops:
+        for _op, old, new in self._ops:
             if old is not None:
                 cur = live.get(old.name)
                 if cur is None or cur.data_id != old.data_id:
@@ -868,7 +876,7 @@ class Transaction:
             self.abort()
             raise
         changes = self._catalog_changes()
-        for d, e in self._new.items():
+        for d in self._new:
             if not any(x.data_id == d and n > 0 for x, n in changes.items()):
                 # created and dropped again in this transaction: its data goes nowhere
                 for b in self._batches.pop(d, []):

@@ -39,14 +39,15 @@ from txns.db.catalog import TableEntry
 from txns.db.scan import read_changes
 
 if TYPE_CHECKING:
+    from persist import SnapshotPlan
     from txns.db.database import Database
 
-ReadSet = Mapping[str, "set[tuple] | None"]
+ReadSet = Mapping[str, "set[tuple[Any, ...]] | None"]
 """What a transaction read: data shard id -> the primary keys read, or None (the whole table)."""
 
 
 def conflict(db: Database, reads: ReadSet, names: Mapping[str, TableEntry], lo: int, hi: int) -> str | None:
-    """Why the reads ``reads`` (of the tables ``names``, by name) may differ at ``hi`` from ``lo - 1``; None if they do not.
+    """Why the reads ``reads`` (of the tables ``names``, by name) may differ at ``hi`` from ``lo - 1``; None if not.
 
     ``lo..hi`` is the range of commit times in between (inclusive). The
     caller holds the database's lock (the txns cache is read).
@@ -68,32 +69,34 @@ def conflict(db: Database, reads: ReadSet, names: Mapping[str, TableEntry], lo: 
         times = writes_in(cache, data_id, lo, hi)
         if not times:
             continue
-        e = by_id.get(data_id)
-        if keys is None or e is None or e.primary_key is None:
-            name = e.name if e is not None else data_id
+        entry = by_id.get(data_id)
+        if keys is None or entry is None or entry.primary_key is None:
+            name = entry.name if entry is not None else data_id
             return f"table {name!r}, which this transaction read, was written by another transaction meanwhile"
-        if keys and _keys_written(db, e, keys, lo, hi):
-            return f"a row of table {e.name!r} that this transaction read was written by another transaction meanwhile"
+        if keys and _keys_written(db, entry, keys, lo, hi):
+            return (
+                f"a row of table {entry.name!r} that this transaction read was written by another transaction meanwhile"
+            )
     return None
 
 
 def writes_in(cache: Any, data_id: str, lo: int, hi: int) -> set[int]:
-    """The commit times of the writes to ``data_id`` in ``[lo, hi]`` the txns cache knows (those at or above its since)."""
+    """The commit times of the writes to ``data_id`` in ``[lo, hi]`` the txns cache knows (at or above its since)."""
     times = cache.writes.get(data_id, [])
     return set(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
 
 
-def _keys_written(db: Database, e: TableEntry, keys: set[tuple], lo: int, hi: int) -> bool:
+def _keys_written(db: Database, e: TableEntry, keys: set[tuple[Any, ...]], lo: int, hi: int) -> bool:
     """Whether a commit in ``[lo, hi]`` updated one of the primary ``keys`` of ``e``."""
     from txns.db.keyed import key_filter, prune_plan
 
     pk = list(e.primary_key or ())
     cfg = db.client.config
 
-    def read(plan: object) -> pa.Table:
+    def read(plan: SnapshotPlan) -> pa.Table:
         # every column: an update of a key retracts and adds rows that cancel in a key-only projection
         cols = list(e.schema.names)
-        pruned = prune_plan(e, plan, keys)  # type: ignore[arg-type]  # parts that cannot hold the keys: not read
+        pruned = prune_plan(e, plan, keys)  # parts that cannot hold the keys: not read
         return read_changes(db.client.blob, pruned, lo, cols, cfg.retry_deadline_s, key_filter(e, keys))
 
     changes: pa.Table = db.with_replan(e, hi, read)

@@ -16,8 +16,8 @@ Usage::
     spark = txns.spark.session("local[2]")      # sets PYSPARK_PYTHON first
     handle = TxnsHandle.open(PersistClient.open(url), txns_id)
     txn = handle.begin()
-    txn.write_dataframe(orders_id, orders_df)   # executors write the parts
-    txn.write_dataframe(lines_id, lines_df)
+    txns.spark.write_dataframe(txn, orders_id, orders_df)   # executors write the parts
+    txns.spark.write_dataframe(txn, lines_id, lines_df)
     txn.commit_at(handle, ts).apply(handle)     # both tables, atomically
 
     df = txns.spark.snapshot(spark, url, txns_id, orders_id, as_of=ts)
@@ -40,7 +40,7 @@ from txns.spark._common import check_url
 from txns.spark.compaction import CompactionResult, compact
 from txns.spark.read import snapshot
 from txns.spark.source import TxnsDataSource
-from txns.spark.write import write_batch
+from txns.spark.write import write_batch, write_dataframe
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -83,4 +83,5 @@ __all__ = [
     "session",
     "snapshot",
     "write_batch",
+    "write_dataframe",
 ]

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import InvalidUsage, SchemaMismatch
-from persist._internal.parts import MissingPart, Run, read_run
-from persist.url import Location, open_location, redact
+from persist import InvalidUsage, PartRetired, SchemaMismatch
+from persist.manifest import Run, read_run
+from persist.url import Location, accepted_forms, open_location, redact, validate_url
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -37,25 +37,17 @@ _LOCK = threading.Lock()
 def check_url(url: str) -> str:
     """``url`` if Spark executors can reach it; InvalidUsage otherwise.
 
-    ``mem://`` lives in one process only, and a relative ``file://`` path
-    would be resolved against each executor's own working directory.
+    The URL is checked without opening it (:func:`persist.url.validate_url`:
+    a relative ``file://`` path is refused there), and a process-local
+    scheme (``mem://``) is refused: executors are other processes.
     """
     if not isinstance(url, str):
         raise InvalidUsage(f"the location must be a URL string, got {type(url).__name__}")
-    scheme, sep, rest = url.partition("://")
-    scheme = scheme.lower()
-    if scheme == "mem":
+    if validate_url(url).process_local:
         raise InvalidUsage(
             f"{redact(url)!r} is an in-memory location, which Spark executors (other processes) cannot "
-            f"reach; use file:///ABSOLUTE/PATH or s3://BUCKET/PREFIX"
+            f"reach; use one of: {', '.join(accepted_forms(shared_only=True))}"
         )
-    if scheme == "file" and sep:
-        path = rest[len("localhost") :] if rest.startswith("localhost/") else rest
-        if not path.startswith("/"):
-            raise InvalidUsage(
-                f"{redact(url)!r} has a relative path; Spark executors resolve paths in their own working "
-                f"directory, so give an absolute one: file:///ABSOLUTE/PATH"
-            )
     return url
 
 
@@ -172,17 +164,18 @@ def read_task(url: str, schema: pa.Schema, task: bytes) -> Iterator[pa.Table]:
     for j in json.loads(task):
         try:
             yield from read_run(blob, Run.from_json(j), schema)
-        except MissingPart as e:
-            raise InvalidUsage(
+        except PartRetired as e:
+            raise PartRetired(
                 f"part {e.key} is gone from {redact(url)}: compaction retired it (and deleted it after "
-                f"part_grace_s) after this read was planned; plan the read again"
+                f"part_grace_s) after this read was planned; plan the read again",
+                e.key,
             ) from None
 
 
 def raise_from_spark(e: Exception) -> None:
     """Re-raise a persist error that an executor raised (Spark wraps it) as itself."""
     text = str(e)
-    for cls in (SchemaMismatch, InvalidUsage):
+    for cls in (SchemaMismatch, PartRetired, InvalidUsage):
         marker = f"{cls.__module__}.{cls.__name__}: "
         i = text.rfind(marker)
         if i >= 0:

@@ -1,6 +1,6 @@
 """Compaction of a big data shard as a Spark job.
 
-The same merge as :mod:`persist._internal.merge`, with the data never on the driver:
+The same merge as in-process compaction (``WriteHandle.compact``), with the data never on the driver:
 
 1. The driver reads the shard's state and picks the batches to merge (all
    of them, or what the size-tiered policy asks for up to ``max_bytes``),
@@ -9,7 +9,7 @@ The same merge as :mod:`persist._internal.merge`, with the data never on the dri
    time below ``s`` to ``s``; Spark sums ``diff`` per ``(key, val, ts)`` and
    drops zeros; executors write the result as new parts.
 3. The driver replaces the inputs by the merged batch with one
-   compare-and-set (:func:`persist._internal.merge.apply_merged`). If another
+   compare-and-set (``WriteHandle.apply_merged``). If another
    compaction changed those batches meanwhile, nothing changes and the new
    parts are deleted.
 
@@ -23,17 +23,14 @@ shard skip their shuffle.
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from persist import InvalidUsage, PersistClient, Schema, ShardId
-from persist._internal.merge import apply_merged
-from persist._internal.parts import Run, apply_rewrite
-from persist._internal.state import HollowBatch
+from persist import HollowBatch, InvalidUsage, PersistClient, Run, Schema, ShardId
+from persist.manifest import apply_rewrite
 from txns.spark._common import (
     arrow_schema,
     check_url,
@@ -82,8 +79,7 @@ def compact(
     check_url(url)
     shard_id = str(ShardId.parse(str(shard_id)))
     client = PersistClient.open(url)
-    machine = client.machine(shard_id)
-    state = machine.fetch()
+    state = client.shard(shard_id).fetch()
     if state.schema is None:
         raise InvalidUsage(f"shard {shard_id} has no schema (it was never written)")
     schema = Schema.from_text(state.schema)
@@ -99,13 +95,12 @@ def compact(
     since = state.since
     target = client.config.part_target_bytes if part_target_bytes is None else part_target_bytes
     merged_runs = _merge(spark, url, shard_id, schema, inputs, since, target)
-    merged = HollowBatch(uuid.uuid4().hex, inputs[0].lower, inputs[-1].upper, since, merged_runs)
-    applied = apply_merged(client.blob, machine, inputs, merged, client.config)
+    applied = client.open_writer(shard_id, schema).apply_merged(inputs, merged_runs, since)
     return CompactionResult(
         applied=applied,
         batches_in=len(inputs),
         rows_in=sum(b.rows for b in inputs),
-        rows_out=merged.rows,
+        rows_out=sum(r.rows for r in merged_runs),
         parts_out=sum(len(r.parts) for r in merged_runs),
         since=since,
     )

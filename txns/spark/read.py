@@ -31,9 +31,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import InvalidUsage, PersistClient, Schema, ShardId
-from persist._internal.parts import Run
-from persist.schema import check_ts
+from persist import InvalidUsage, PersistClient, Run, Schema, ShardId, check_ts
 from txns.handle import TxnsHandle
 from txns.spark._common import (
     arrow_schema,

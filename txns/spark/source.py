@@ -49,7 +49,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import LongType, StructField, StructType
 
 from persist import InvalidUsage, LeaseExpired, PersistClient, ReadBelowSince, ReadHandle, Schema, ShardId
-from persist._internal.parts import apply_rewrite
+from persist.manifest import apply_rewrite
 from txns.errors import NotRegistered
 from txns.handle import TxnsHandle
 from txns.spark._common import arrow_schema, check_url, plan_tasks, read_task, spark_struct, to_spark_arrow, ts_as_int64
@@ -152,10 +152,10 @@ def plan_range(
         if lo >= cache.since and (nxt is None or nxt >= hi) and cache.registered_at(data_id, hi - 1):
             return []  # SUBTLE: the txns shard proves [lo, hi) holds no write to the shard
     handle.unblock_read(data_id, hi - 1)
-    machine = handle.data_writer(data_id).machine
-    state = machine.state()
+    shard = handle.data_writer(data_id).shard
+    state = shard.state()
     if state.upper < hi:
-        state = machine.fetch()
+        state = shard.fetch()
     bound = lo if snapshot_at is None else snapshot_at + 1
     if state.since >= bound:
         raise ReadBelowSince(

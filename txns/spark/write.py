@@ -28,18 +28,20 @@ import functools
 import json
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import CLOSED, Batch, BatchBuilder, InvalidUsage, PersistConfig, Schema, SchemaMismatch, ShardId
-from persist._internal.parts import PartRef, Run
+from persist.manifest import PartRef, Run
 from txns.spark._common import check_url, col, location, raise_from_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
+
+    from txns.txn import Txn
 
 PART_ROWS = "key string, rows long, size long, crc long, min_ts decimal(20,0), max_ts decimal(20,0), bounds string"
 """What a writing task returns: one row per part it wrote, with the range of its update times
@@ -47,6 +49,22 @@ and its key bounds (``PartRef.lo``/``hi`` as a JSON list, or null)."""
 
 UPLOAD_PARALLELISM = 2
 """Parts a task uploads at once (while it buffers the next)."""
+
+
+def write_dataframe(txn: Txn, data_id: str | ShardId, df: DataFrame) -> None:
+    """Write ``df`` to data shard ``data_id`` in transaction ``txn`` (:func:`write_batch` + ``Txn.write_batch``).
+
+    Executors write the parts straight into blob storage; only part
+    descriptors come back to the driver. Columns are matched by name to the
+    shard's key and val fields; an optional ``diff`` column gives
+    multiplicities (default 1). ``txn`` must be bound to a handle
+    (``TxnsHandle.begin()``), whose location the executors write to.
+    """
+    handle = txn.handle
+    if handle is None:
+        raise InvalidUsage("this transaction is not bound to a handle; create it with TxnsHandle.begin()")
+    data_id = str(data_id)
+    txn.write_batch(data_id, write_batch(df, handle.client.url, data_id, handle.data_schema(data_id)))
 
 
 def write_batch(
@@ -63,7 +81,7 @@ def write_batch(
     into blob storage; only part descriptors come back to the driver.
 
     The batch has times ``[0, 1)``: add it to a transaction with
-    ``Txn.write_batch`` (``Txn.write_dataframe`` does both), which moves its
+    ``Txn.write_batch`` (:func:`write_dataframe` does both), which moves its
     times to the commit time. A batch that is never committed leaves parts
     for ``PersistClient.gc_leaked``.
     """
@@ -84,10 +102,12 @@ def write_batch(
         raise
     refs = part_refs(rows)
     runs = (Run(parts=refs, rows=sum(p.rows for p in refs)),) if refs else ()
-    return Batch(shard_id=data_id, id=uuid.uuid4().hex, lower=0, upper=1, runs=runs, schema_text=schema.to_text())
+    return Batch(
+        shard_id=data_id, id=uuid.uuid4().hex, lower=0, upper=1, runs=runs, schema_fingerprint=schema.to_text()
+    )
 
 
-def part_refs(rows: list) -> tuple[PartRef, ...]:
+def part_refs(rows: list[Any]) -> tuple[PartRef, ...]:
     """The part descriptors of :data:`PART_ROWS` rows (collected on the driver), by key."""
     refs = (PartRef(r["key"], r["rows"], r["size"], r["crc"], *json.loads(r["bounds"] or "[null, null]")) for r in rows)
     return tuple(sorted(refs, key=lambda p: p.key))

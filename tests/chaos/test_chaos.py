@@ -1,0 +1,88 @@
+"""Chaos: exactly-once commits under storage faults and killed processes (issue #7).
+
+- The SHORT profile (in the default run): one seed on S3 (moto behind the
+  fault proxy: a 40 s run phase, ~55 s in all) and one on a directory
+  (kills only: 12 s, ~20 s in all). ``CHAOS_SECONDS`` overrides the
+  run-phase length, ``CHAOS_SEED`` the seed.
+- The LONG profile (``CHAOS_PROFILE=long``): several seeds (``CHAOS_SEEDS``,
+  default ``1,2,3``) x minutes (``CHAOS_SECONDS``, default 180) x {S3
+  default, S3 tight, directory}. ``benchmarks/chaos.py`` runs the same with a
+  table of results.
+
+A run fails if the verifier (or a worker, or the driver) found any
+violation: see :mod:`tests.chaos.driver` for what is checked. The fault
+proxy itself is tested by tests/persist/test_fault_proxy.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chaos.driver import ChaosConfig, ChaosResult, run_chaos
+
+PROFILE = os.environ.get("CHAOS_PROFILE", "short")
+LONG = PROFILE == "long"
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _check(res: ChaosResult) -> None:
+    print(res.summary())
+    assert res.acked > 0, f"nothing was committed:\n{res.summary()}"
+    assert res.ok, f"the chaos run found violations:\n{res.summary()}"
+
+
+def _run(tmp_path: Path, **kw: Any) -> ChaosResult:
+    log: Callable[[str], None] = lambda m: print(m, flush=True)  # noqa: E731
+    return run_chaos(ChaosConfig(work_dir=tmp_path / "chaos", log=log, **kw))
+
+
+SHORT_S3_S = _env_float("CHAOS_SECONDS", 40.0)
+SHORT_FILE_S = _env_float("CHAOS_SECONDS", 12.0)
+SHORT_SEED = int(os.environ.get("CHAOS_SEED", "1"))
+
+
+@pytest.mark.chaos
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.timeout(int(SHORT_S3_S) + 420)
+@pytest.mark.skipif(LONG, reason="CHAOS_PROFILE=long runs the long profile instead")
+def test_chaos_short_s3(tmp_path: Path) -> None:
+    """One seed on moto behind the fault proxy: every fault kind, kills, CLI runs (~60 s)."""
+    _check(_run(tmp_path, backend="s3", seconds=SHORT_S3_S, seed=SHORT_SEED))
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.timeout(int(SHORT_FILE_S) + 300)
+@pytest.mark.skipif(LONG, reason="CHAOS_PROFILE=long runs the long profile instead")
+def test_chaos_short_file(tmp_path: Path) -> None:
+    """One seed on a local directory: kills only (~20 s)."""
+    _check(_run(tmp_path, backend="file", seconds=SHORT_FILE_S, seed=SHORT_SEED))
+
+
+LONG_SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",") if s.strip()]
+LONG_S = _env_float("CHAOS_SECONDS", 180.0)
+LONG_CASES = [
+    pytest.param("s3", "default", marks=pytest.mark.s3),
+    pytest.param("s3", "tight", marks=pytest.mark.s3),
+    pytest.param("file", "default"),
+]
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.timeout(int(LONG_S) + 900)
+@pytest.mark.skipif(not LONG, reason="the long chaos profile runs with CHAOS_PROFILE=long")
+@pytest.mark.parametrize("seed", LONG_SEEDS)
+@pytest.mark.parametrize(("backend", "variant"), LONG_CASES)
+def test_chaos_long(tmp_path: Path, backend: str, variant: str, seed: int) -> None:
+    """Several seeds x minutes on S3 (both worker variants) and on a directory."""
+    _check(_run(tmp_path, backend=backend, variant=variant, seconds=LONG_S, seed=seed))

@@ -1,0 +1,1 @@
+"""Tests of the txns command (txns.cli and the database commands)."""

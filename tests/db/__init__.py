@@ -1,0 +1,1 @@
+"""Tests of the database layer (txns.db)."""

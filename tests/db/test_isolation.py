@@ -1,0 +1,389 @@
+"""Isolation: read-then-write transactions, db.run, the oracles, and histories checked for anomalies."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pyarrow as pa
+import pytest
+
+import txns
+from persist import InvalidUsage
+from tests.isolation import workload
+from tests.isolation.checker import check
+from txns.db import database as database_module
+from txns.db.oracle import LocalOracle
+
+ACCOUNTS = pa.schema([("account", pa.string()), ("balance", pa.int64())])
+
+
+def _bank(db: txns.Database, balances: dict[str, int]) -> None:
+    db.create_table("accounts", ACCOUNTS, primary_key=["account"])
+    with db.transaction() as t:
+        t.insert("accounts", [{"account": a, "balance": b} for a, b in balances.items()])
+
+
+def _balances(db: txns.Database, as_of: int | None = None) -> dict[str, int]:
+    return {r["account"]: r["balance"] for r in db.table("accounts").to_arrow(as_of=as_of).to_pylist()}
+
+
+# ---- read-then-write basics ---------------------------------------------------------------------
+
+
+def test_a_lost_update_is_refused(db: txns.Database) -> None:
+    _bank(db, {"alice": 100})
+    t1, t2 = db.transaction(), db.transaction()
+    a1, a2 = t1.get("accounts", "alice"), t2.get("accounts", "alice")
+    assert a1 == a2 == {"account": "alice", "balance": 100}
+    t1.upsert("accounts", [{"account": "alice", "balance": a1["balance"] - 30}])
+    t2.upsert("accounts", [{"account": "alice", "balance": a2["balance"] - 50}])
+    t1.commit()
+    with pytest.raises(txns.TransactionConflict, match="nothing was committed"):
+        t2.commit()
+    assert _balances(db) == {"alice": 70}
+    with pytest.raises(txns.TransactionClosed):
+        t2.upsert("accounts", [{"account": "alice", "balance": 0}])
+
+
+def test_unchanged_reads_commit_later_without_a_rerun(db: txns.Database) -> None:
+    _bank(db, {"alice": 100, "bob": 0})
+    runs = []
+    other_done = threading.Event()
+
+    def pay(t: txns.Transaction) -> None:
+        runs.append(1)
+        a = t.get("accounts", "alice")
+        if len(runs) == 1 and not other_done.is_set():
+            # another commit lands between this read and the commit; it writes a key this did not read
+            with db.transaction() as o:
+                o.upsert("accounts", [{"account": "bob", "balance": 5}])
+            other_done.set()
+        t.upsert("accounts", [{"account": "alice", "balance": a["balance"] - 10}])
+
+    info = db.run(pay)
+    assert len(runs) == 1 and info.attempts == 1  # the function ran once
+    assert info.read_ts is not None and info.ts == max(info.ts, info.read_ts + 1)
+    assert info.read_ts >= db.history(limit=2).column("ts").to_pylist()[1]  # its reads hold after the other commit
+    assert _balances(db) == {"alice": 90, "bob": 5}
+
+
+def test_a_scan_conflicts_with_any_write_to_the_table(db: txns.Database) -> None:
+    _bank(db, {"alice": 100, "bob": 0})
+    t = db.transaction()
+    total = sum(t.read("accounts").column("balance").to_pylist())
+    with db.transaction() as o:
+        o.upsert("accounts", [{"account": "carol", "balance": 1}])
+    t.upsert("accounts", [{"account": "audit", "balance": total}])
+    with pytest.raises(txns.TransactionConflict, match="'accounts'"):
+        t.commit()
+    assert "audit" not in _balances(db)
+
+
+def test_a_drop_between_read_and_commit_conflicts(db: txns.Database) -> None:
+    _bank(db, {"alice": 100})
+    db.create_table("log", pa.schema([("msg", pa.string())]))
+    t = db.transaction()
+    t.get("accounts", "alice")
+    t.insert("log", [{"msg": "seen alice"}])
+    db.drop_table("accounts")
+    with pytest.raises(txns.TransactionConflict, match="dropped, renamed or re-created"):
+        t.commit()
+    assert db.table("log").to_arrow().num_rows == 0
+
+
+def test_run_retries_conflicts_until_every_increment_lands(db_url: str) -> None:
+    db = txns.connect(db_url)
+    _bank(db, {"counter": 0})
+    attempts: list[int] = []
+
+    def worker() -> None:
+        mine = txns.connect(db_url)  # (its own client and cache: like another process)
+        for _ in range(8):
+
+            def bump(t: txns.Transaction) -> None:
+                row = t.get("accounts", "counter")
+                t.upsert("accounts", [{"account": "counter", "balance": row["balance"] + 1}])
+
+            attempts.append(mine.run(bump, max_attempts=200).attempts)
+        mine.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert _balances(db) == {"counter": 32}  # nothing lost, nothing twice
+    assert len(attempts) == 32 and max(attempts) > 1  # there was contention, and run() retried it
+    db.close()
+
+
+def test_abort_commits_nothing_and_is_not_retried(db: txns.Database) -> None:
+    _bank(db, {"alice": 5, "bob": 0})
+    runs = []
+
+    def transfer(t: txns.Transaction) -> None:
+        runs.append(1)
+        a = t.get("accounts", "alice")
+        t.upsert("accounts", [{"account": "bob", "balance": 10}])
+        if a["balance"] < 10:
+            raise txns.Abort("insufficient funds")
+
+    before = len(db.history())
+    with pytest.raises(txns.Abort, match="insufficient funds"):
+        db.run(transfer)
+    assert len(runs) == 1 and len(db.history()) == before
+    assert _balances(db) == {"alice": 5, "bob": 0}
+
+
+def test_run_gives_up_after_max_attempts(db: txns.Database) -> None:
+    _bank(db, {"alice": 0})
+
+    def always_conflicts(t: txns.Transaction) -> None:
+        t.get("accounts", "alice")
+        with db.transaction() as o:  # a concurrent writer of the same key, every time
+            o.upsert("accounts", [{"account": "alice", "balance": random.randrange(1 << 30)}])
+        t.upsert("accounts", [{"account": "alice", "balance": -1}])
+
+    with pytest.raises(txns.TransactionConflict) as e:
+        db.run(always_conflicts, max_attempts=3)
+    assert e.value.attempts == 3 and "3 attempts" in str(e.value)
+    assert _balances(db)["alice"] != -1
+
+
+def test_bad_isolation_and_run_arguments(db_url: str) -> None:
+    db = txns.connect(db_url)
+    with pytest.raises(InvalidUsage, match="isolation must be one of"):
+        db.transaction(isolation="snapshot")
+    with pytest.raises(InvalidUsage, match="isolation must be one of"):
+        txns.connect(db_url, isolation="read_committed")
+    with pytest.raises(InvalidUsage, match="max_attempts"):
+        db.run(lambda t: None, max_attempts=0)
+    with pytest.raises(InvalidUsage, match="function of a transaction"):
+        db.run("not callable")  # type: ignore[arg-type]
+    db.close()
+
+
+# ---- the oracles ---------------------------------------------------------------------------------
+
+
+def test_serializable_reads_may_be_stale_strict_ones_are_not(db_url: str) -> None:
+    a = txns.connect(db_url)
+    _bank(a, {"alice": 1})
+    b = txns.connect(db_url)  # another process, in effect
+    _ = b.read().ts  # (b has seen the database once)
+    with a.transaction() as t:
+        t.upsert("accounts", [{"account": "alice", "balance": 2}])
+    with b.read(isolation="serializable") as r:
+        assert r.table("accounts").to_arrow().to_pylist()[0]["balance"] == 1  # what b last saw: no request
+    with b.read(isolation="strict_serializable") as r:
+        assert r.table("accounts").to_arrow().to_pylist()[0]["balance"] == 2  # a linearizable read of the upper
+    # a serializable read-then-write still validates: its stale read conflicts
+    t = b.transaction(isolation="serializable")
+    row = t.get("accounts", "alice")
+    if row["balance"] == 1:  # (stale, as above)
+        t.upsert("accounts", [{"account": "alice", "balance": row["balance"] + 10}])
+        with pytest.raises(txns.TransactionConflict):
+            t.commit()
+    assert _balances(a) == {"alice": 2}
+    a.close()
+    b.close()
+
+
+# ---- the bank: overdraft checks under contention --------------------------------------------------
+
+
+def test_bank_transfers_never_overdraw_nor_lose_money(db_url: str) -> None:
+    db = txns.connect(db_url)
+    accounts = [f"a{i}" for i in range(5)]
+    _bank(db, dict.fromkeys(accounts, 50))
+    aborted: list[int] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        mine = txns.connect(db_url)
+        for _ in range(12):
+            src, dst = rng.sample(accounts, 2)
+            amount = rng.randint(1, 60)
+
+            def transfer(t: txns.Transaction, src: str = src, dst: str = dst, amount: int = amount) -> None:
+                s, d = t.get("accounts", src), t.get("accounts", dst)
+                if s["balance"] < amount:
+                    raise txns.Abort("insufficient funds")
+                t.upsert("accounts", [{"account": src, "balance": s["balance"] - amount}])
+                t.upsert("accounts", [{"account": dst, "balance": d["balance"] + amount}])
+
+            try:
+                mine.run(transfer, max_attempts=500)
+            except txns.Abort:
+                aborted.append(1)
+        mine.close()
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    db._settle()
+    for ts in sorted(set(db.history().column("ts").to_pylist())):
+        bal = _balances(db, ts)
+        if len(bal) == len(accounts):
+            assert sum(bal.values()) == 250, f"money created or lost at {ts}: {bal}"
+            assert min(bal.values()) >= 0, f"overdraft at {ts}: {bal}"
+    assert len(db.table("accounts").to_arrow()) == len(accounts)  # one row per key, always
+    db.close()
+
+
+# ---- histories checked for anomalies ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["strict_serializable", "serializable"])
+def test_list_append_histories_have_no_anomalies(db_url: str, isolation: str) -> None:
+    db = txns.connect(db_url)
+    workload.create(db)
+    ops = workload.run_threads(
+        lambda: txns.connect(db_url), workers=4, txns_each=25, keys=5, isolation=isolation, seed=1, pause_s=0.01
+    )
+    db.close()
+    result = check(ops, isolation)
+    assert result.op_counts["committed"] >= 60
+    assert result.valid, result.summary()
+
+
+class LaggingOracle(LocalOracle):
+    """A deliberately broken oracle: reads at the time it last read the upper, refreshed every 4th call only."""
+
+    def __init__(self, db: txns.Database) -> None:
+        super().__init__(db)
+        self._calls = 0
+        self._ts: int | None = None
+
+    def read_ts(self) -> int:
+        self._calls += 1
+        if self._ts is None or self._calls % 4 == 0:
+            self._ts = self._db.latest()
+        return self._ts
+
+
+def test_the_checker_catches_stale_reads_under_a_weakened_strict_level(db_url: str) -> None:
+    db = txns.connect(db_url)
+    workload.create(db)
+
+    def weakened() -> txns.Database:
+        d = txns.connect(db_url)
+        d._oracles["strict_serializable"] = LaggingOracle(d)  # stale reads, called strict
+        return d
+
+    ops = workload.run_threads(weakened, workers=4, txns_each=25, keys=3, isolation="strict_serializable", seed=2)
+    db.close()
+    assert check(ops, "serializable").valid  # still serializable: the commits validate what they read
+    result = check(ops, "strict_serializable")
+    assert not result.valid and any(n.endswith("-realtime") for n in result.anomaly_names), result.summary()
+
+
+def test_the_checker_catches_lost_updates_without_validation(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = txns.connect(db_url)
+    workload.create(db)
+    monkeypatch.setattr(database_module, "conflict", lambda *a, **k: None)  # commit later without checking reads
+    ops = workload.run_threads(
+        lambda: txns.connect(db_url), workers=4, txns_each=25, keys=2, isolation="serializable", seed=3
+    )
+    db.close()
+    result = check(ops, "serializable")
+    assert not result.valid and result.anomaly_names & {"G-single", "G2", "incompatible-order"}, result.summary()
+
+
+# ---- group commit: threads sharing one database object ------------------------------------------------
+
+
+def test_concurrent_commits_in_one_process_share_conditional_writes(db: txns.Database) -> None:
+    db.create_table("events", pa.schema([("worker", pa.int64()), ("i", pa.int64())]))
+    _bank(db, {"counter": 0})
+    infos: list[txns.CommitInfo] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+    grouped, groups = db.grouped_transactions, db.group_commits
+
+    def worker(w: int) -> None:
+        start.wait()
+        for i in range(10):
+            with db.transaction(metadata={"w": w, "i": i}) as t:  # blind writes
+                t.insert("events", [{"worker": w, "i": i}])
+            with lock:
+                infos.append(t.commit_info)  # type: ignore[arg-type]
+
+            def bump(t: txns.Transaction) -> None:  # read-then-write on one key: never in one group twice
+                row = t.get("accounts", "counter")
+                t.upsert("accounts", [{"account": "counter", "balance": row["balance"] + 1}])
+
+            db.run(bump, max_attempts=1000)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert db.grouped_transactions - grouped == 160
+    assert db.group_commits - groups < 160  # some conditional writes carried several transactions
+    events = db.table("events").to_arrow().to_pylist()
+    assert sorted((r["worker"], r["i"]) for r in events) == sorted((w, i) for w in range(8) for i in range(10))
+    assert _balances(db) == {"counter": 80}  # no lost update inside a group
+    # each transaction has its own identity and commit record, found in history
+    ids = {i.txn_id for i in infos}
+    assert len(ids) == 80
+    history = db.history()
+    assert ids <= set(history.column("txn_id").to_pylist())
+    meta = [m for m in history.column("metadata").to_pylist() if '"w"' in m]
+    assert len(meta) == 80
+
+
+def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url: str) -> None:
+    from txns.db.oracle import SharedOracle
+
+    db = txns.connect(db_url)
+    _bank(db, {"alice": 1})
+    oracle = SharedOracle(db)
+    real = db.latest
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow_latest() -> int:
+        ts = real()
+        entered.set()
+        release.wait(5)  # a head read in flight, holding an old answer
+        return ts
+
+    db.latest = slow_latest  # type: ignore[method-assign]
+    got: dict[str, int] = {}
+    first = threading.Thread(target=lambda: got.__setitem__("first", oracle.read_ts()))
+    first.start()
+    assert entered.wait(5)
+    db.latest = real  # type: ignore[method-assign]
+    with db.transaction() as t:  # completes while the first head read is still in flight
+        t.upsert("accounts", [{"account": "alice", "balance": 2}])
+    committed = t.commit_info.ts  # type: ignore[union-attr]
+    late = threading.Thread(target=lambda: got.__setitem__("late", oracle.read_ts()))
+    late.start()
+    release.set()
+    first.join(5)
+    late.join(5)
+    assert got["first"] < committed <= got["late"]  # the late caller did not reuse the earlier read
+    # many callers at once share reads (each read takes 50 ms here: they pile up behind it)
+    import time
+
+    def slow(wait: float = 0.05) -> int:
+        time.sleep(wait)
+        return real()
+
+    db.latest = slow  # type: ignore[method-assign]
+    out: list[int] = []
+    threads = [threading.Thread(target=lambda: out.append(oracle.read_ts())) for _ in range(16)]
+    before = oracle.head_reads
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    db.latest = real  # type: ignore[method-assign]
+    assert len(out) == 16 and min(out) >= committed
+    assert oracle.head_reads - before <= 4  # not one per caller
+    db.close()

@@ -1,0 +1,24 @@
+"""Small helpers shared by the tests (fixtures are in the conftest.py files).
+
+Import as ``from tests.helpers import ...``: the tests are the ``tests``
+package, imported from the repository root (see tests/__init__.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+"""The repository root (subprocesses run there: ``python -m tests.chaos.bank``, ``python -m txns``)."""
+README = REPO / "README.md"
+
+
+def mem_url(prefix: str = "test") -> str:
+    """A ``mem://`` URL no other test uses: a fresh, empty in-process store."""
+    return f"mem://{prefix}-{uuid.uuid4().hex}"
+
+
+def file_url(path: Path) -> str:
+    """The ``file://`` URL of the absolute directory ``path``."""
+    return f"file://{path}"

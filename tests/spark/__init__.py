@@ -1,0 +1,1 @@
+"""Tests of txns.spark (marked spark: a local SparkSession)."""

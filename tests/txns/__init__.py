@@ -1,0 +1,1 @@
+"""Tests of the txns core: handles, transactions, apply and tidy, exactly-once commits."""

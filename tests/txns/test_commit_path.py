@@ -1,0 +1,116 @@
+"""txns: the commit path's seams: registrations riding in the commit, ``expect_upper``, maintenance off the commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from persist import InvalidUsage, PersistClient, ShardId
+from tests.txns.model import SCHEMA, new_id
+from txns import NotRegistered, TimestampUnavailable, TxnsHandle
+
+
+def _cas_count(client: PersistClient, shard: str) -> int:
+    return client.shard(shard).fetch().seqno
+
+
+@pytest.fixture
+def opened(tmp_path) -> tuple[PersistClient, TxnsHandle]:
+    client = PersistClient.open(f"file://{tmp_path}/loc")
+    return client, TxnsHandle.open(client, new_id())
+
+
+def test_registration_rides_in_the_commit(opened) -> None:
+    client, h = opened
+    d = str(ShardId.new())
+    client.register_schema(d, SCHEMA)
+    before = _cas_count(client, h.txns_id)
+    txn = h.begin()
+    txn.register(d)
+    txn.write(d, (1,), ("v",), 1)
+    applied = txn.commit_at(h, 5)
+    # one conditional write registered the shard and committed its data (commit record included)
+    assert _cas_count(client, h.txns_id) == before + 1
+    assert h.cache.registered_at(d, 5) and not h.cache.registered_at(d, 4)
+    applied.apply(h)
+    assert h.snapshot(d, 5) == [(((1,), ("v",)), 5, 1)]
+
+
+def test_an_abandoned_registration_leaves_nothing_registered(opened) -> None:
+    client, h = opened
+    d = str(ShardId.new())
+    client.register_schema(d, SCHEMA)
+    txn = h.begin()
+    txn.register(d)
+    txn.write(d, (1,), ("v",), 1)
+    h2 = TxnsHandle.open(client, h.txns_id)
+    h2.begin().commit_at(h2, 10)  # takes the time
+    with pytest.raises(TimestampUnavailable):
+        txn.commit_at(h, 7)
+    h.cache.sync()
+    assert d not in h.cache.registered_now()
+    # the same transaction commits later, registering then
+    txn.commit_at(h, 11)
+    assert h.cache.registered_at(d, 11) and not h.cache.registered_at(d, 10)
+
+
+def test_registering_needs_a_schema_and_a_fresh_shard(opened) -> None:
+    client, h = opened
+    txn = h.begin()
+    with pytest.raises(NotRegistered, match="no schema"):
+        txn.register(str(ShardId.new()))
+    d = str(ShardId.new())
+    w = client.open_writer(d, SCHEMA)
+    w.compare_and_append([(((1,), ("y",)), 0, 1)], 0, 20)  # written outside the txns shard
+    txn.register(d)
+    before = _cas_count(client, h.txns_id)
+    with pytest.raises(InvalidUsage, match="outside the txns shard"):
+        txn.commit_at(h, 5)
+    assert _cas_count(client, h.txns_id) == before  # nothing committed
+    txn.commit_at(h, 19)  # at upper - 1 it may register
+    assert h.cache.registered_at(d, 19)
+
+
+def test_expect_upper_commits_only_on_the_upper_it_names(opened) -> None:
+    client, h = opened
+    h.begin().commit_at(h, 3)
+    upper = h.upper
+    assert upper == 4
+    # past the upper (a later, wall-clock-like time) as long as nothing else committed
+    h.begin().commit_at(h, 9, expect_upper=upper)
+    assert h.upper == 10
+    other = TxnsHandle.open(client, h.txns_id)
+    other.begin().commit_at(other, 12)
+    stale = h.begin()
+    with pytest.raises(TimestampUnavailable) as e:
+        stale.commit_at(h, 20, expect_upper=10)  # validated as of 9: another commit landed since
+    assert e.value.upper == 13
+    assert h.upper == 13  # nothing committed
+    with pytest.raises(InvalidUsage, match="below expect_upper"):
+        h.begin().commit_at(h, 5, expect_upper=13)
+
+
+def test_maintenance_can_leave_the_commit_path(opened) -> None:
+    client, h = opened
+    d = str(ShardId.new())
+    h.register(1, {d: SCHEMA})
+    h.maintain_on_commit = False
+    for ts in range(2, 12):
+        txn = h.begin()
+        txn.write(d, (ts,), ("v",), 1)
+        txn.commit_at(h, ts)
+    piled = len(client.shard(h.txns_id).fetch().batches)
+    assert piled >= 10  # no compaction ran on the commits
+    h.maintain()
+    assert len(client.shard(h.txns_id).fetch().batches) < piled
+    h.apply_le(11)
+    assert len(h.snapshot(d, 11)) == 10
+
+
+def test_critical_since_with_a_schema_is_one_write(tmp_path) -> None:
+    client = PersistClient.open(f"file://{tmp_path}/loc")
+    s = str(ShardId.new())
+    client.open_critical_since(s, "c", 0, schema=SCHEMA)
+    state = client.shard(s).fetch()
+    assert state.seqno == 1 and state.schema == SCHEMA.to_text() and "c" in state.critical
+    client.open_critical_since(s, "c", 0, schema=SCHEMA)  # both there: no write
+    assert client.shard(s).fetch().seqno == 1
