@@ -177,7 +177,7 @@ def prune_plan(e: TableEntry, plan: SnapshotPlan, keys: Collection[Key]) -> Snap
     """``plan`` without the parts that cannot hold any of ``keys`` (by their first key column's bounds).
 
     A keyed table's data shard key starts with the primary key, so a part's
-    bounds (:class:`persist._internal.parts.PartRef`) are those of ``keys``' first
+    bounds (:class:`persist.PartRef`) are those of ``keys``' first
     values. Parts without bounds and inline rows are kept.
     """
     pk = require_keyed(e, "a keyed read")

@@ -8,7 +8,7 @@ Protocol of :func:`snapshot`:
    at or before ``as_of`` (``TxnsHandle.data_snapshot(...).plan()``).
 2. One Spark task per part (inline rows: grouped) reads it from blob storage
    in an executor, checking its size and CRC-32C against the descriptor
-   before decoding (``persist._internal.parts.read_run``), and keeps the rows with
+   before decoding (``persist.manifest.read_run``), and keeps the rows with
    ``ts <= as_of``.
 3. Spark sums ``diff`` per ``(key, val)`` and drops zeros. When the plan is
    one run marked ``distinct_kv`` (a shard compacted into one batch with a
