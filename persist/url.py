@@ -228,7 +228,7 @@ def accepted_forms(*, shared_only: bool = False) -> tuple[str, ...]:
 
 
 def __getattr__(name: str) -> object:
-    if name == "ACCEPTED_FORMS":  # (a constant once: now it follows the registry)
+    if name == "ACCEPTED_FORMS":  # computed on each access: the forms of the schemes registered now
         return accepted_forms()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -30,6 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -102,17 +103,28 @@ class ShardState:
     """Everything the consensus log stores about one shard, one version at a time."""
 
     shard_id: str
+    #: The schema's text. Invariant: set once (``register_schema``), never changed.
     schema: str | None = None
+    #: Times below it may have been merged. Invariant (2): only advances; at least the least hold.
     since: int = 0
+    #: Every update has a time below it. Invariant (2): only advances.
     upper: int = 0
+    #: Invariant (1): tile ``[lower, upper)``; (3): none consolidated past ``since``; (5): only the first empty.
     batches: list[HollowBatch] = field(default_factory=list)
+    #: writer id -> lease and the token of its last append. Invariant (4): the token names that append.
     writers: dict[str, WriterState] = field(default_factory=dict)
+    #: Leased readers' holds. Invariant: expired leases are dropped on the next write (``maintain``).
     leased: dict[str, LeasedReaderState] = field(default_factory=dict)
+    #: Critical readers' holds. Invariant: a hold only advances, and only by its opaque token.
     critical: dict[str, CriticalReaderState] = field(default_factory=dict)
+    #: The writer's clock at this version's write.
     walltime_ms: int = 0
+    #: (seqno, wall ms) truncation marks. Invariant: seqnos and times increase; old ones thinned.
     marks: list[tuple[int, int]] = field(default_factory=list)
-    garbage: list[tuple[str, int]] = field(default_factory=list)  # (part key, retired at ms)
-    seqno: int | None = None  # the consensus seqno this was read at; not serialized
+    #: (part key, retired at ms). Invariant: no key here is referenced by ``batches``.
+    garbage: list[tuple[str, int]] = field(default_factory=list)
+    #: The consensus seqno this version was read at (not serialized).
+    seqno: int | None = None
 
     # ---- encoding -------------------------------------------------------------
 
@@ -190,6 +202,11 @@ class ShardState:
         # (5) only the first batch may be empty
         for b in self.batches[1:]:
             assert b.rows > 0, "an empty batch after the first"
+        # (fields) retired parts are referenced by no batch; truncation marks increase
+        live = self.part_keys()
+        assert not any(k in live for k, _ in self.garbage), "a retired part is still referenced"
+        for m, n in itertools.pairwise(self.marks):
+            assert m[0] < n[0] and m[1] <= n[1], f"truncation marks out of order: {m} then {n}"
 
     @property
     def lower(self) -> int:
