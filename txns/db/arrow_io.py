@@ -33,6 +33,16 @@ from persist import InvalidUsage, SchemaMismatch
 
 _ROWS_PER_CHUNK = 65_536
 
+NOT_ARROW = (
+    pa.ArrowInvalid,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+    TypeError,
+    ValueError,
+    OverflowError,
+)
+"""What converting Python values to Arrow raises when they do not fit (catch it to say which values)."""
+
 
 def _kind(t: pa.DataType) -> str:
     if pa.types.is_null(t):

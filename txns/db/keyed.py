@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from persist import SchemaMismatch, SnapshotPlan
 from persist.manifest import bound_value, prune_runs
-from txns.db.arrow_io import arrow_pieces, conform
+from txns.db.arrow_io import NOT_ARROW, arrow_pieces, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import InvalidPrimaryKey
 from txns.db.scan import PART_CACHE, PlanReader, read_table
@@ -101,14 +101,7 @@ def keys_from_values(e: TableEntry, values: Sequence[object]) -> list[Key]:
         vals = [t[j] for t in tuples]
         try:
             arrays[n] = pa.array(vals)
-        except (
-            pa.ArrowInvalid,
-            pa.ArrowTypeError,
-            pa.ArrowNotImplementedError,
-            TypeError,
-            ValueError,
-            OverflowError,
-        ) as x:
+        except NOT_ARROW as x:
             raise InvalidPrimaryKey(
                 f"table {e.name!r}: the values given for key column {n!r} ({e.schema.field(n).type}) "
                 f"are not values of one type: {x}"

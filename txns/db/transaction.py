@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 
 from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMismatch, ShardId, WriteHandle
 from txns.db import clock
-from txns.db.arrow_io import check_input, conform, conformed
+from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
 from txns.db.errors import (
     DuplicateKey,
@@ -533,14 +533,7 @@ class Transaction:
         if values:
             try:
                 arrays = {c: pa.array([v]) for c, v in values.items()}
-            except (
-                pa.ArrowInvalid,
-                pa.ArrowTypeError,
-                pa.ArrowNotImplementedError,
-                TypeError,
-                ValueError,
-                OverflowError,
-            ) as x:
+            except NOT_ARROW as x:
                 raise SchemaMismatch(
                     f"table {e.name!r}: update values {dict(values)!r} cannot be converted to Arrow: {x}"
                 ) from None
