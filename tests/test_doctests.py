@@ -15,11 +15,18 @@ MODULES = [
     "persist.write",
     "persist.batch",
     "persist.url",
+    "persist.manifest",
+    "persist.shard",
     "txns",
     "txns.handle",
     "txns.subscribe",
     "txns.db",
     "txns.db.database",
+    "txns.resolve",
+    "txns.resolve.rule",
+    "txns.resolve.batch",
+    "txns.resolve.incremental",
+    "txns.resolve.maintain",
 ]
 
 
@@ -38,5 +45,9 @@ def test_docstring_examples(name: str) -> None:
         "persist.read",
         "txns.db",
         "txns.db.database",
+        "persist.manifest",
+        "persist.shard",
+        "txns.resolve.batch",
+        "txns.resolve.incremental",
     ):
         assert result.attempted > 0, f"{name} lost its usage example"
