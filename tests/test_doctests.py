@@ -27,6 +27,8 @@ MODULES = [
     "txns.resolve.batch",
     "txns.resolve.incremental",
     "txns.resolve.maintain",
+    "txns.resolve.additive",
+    "txns.resolve.order",
 ]
 
 
@@ -49,5 +51,7 @@ def test_docstring_examples(name: str) -> None:
         "persist.shard",
         "txns.resolve.batch",
         "txns.resolve.incremental",
+        "txns.resolve.additive",
+        "txns.resolve.order",
     ):
         assert result.attempted > 0, f"{name} lost its usage example"

@@ -59,6 +59,14 @@ intents, rollback, store and rounds alike; maintenance (:func:`maintain`)
 keeps the store and the outcome of every remaining id, and later intents with
 higher ids resolve the same on top of the maintained intents.
 
+**Extensions.** :mod:`txns.resolve.additive` (part 6): additive writes
+``adds(id, key, delta)`` beside the intents, the rule with them
+(:func:`sequential_additive`, :func:`resolve_additive`), and the pairwise
+resolver (:func:`pairwise`), exact under conditions stated there.
+:mod:`txns.resolve.order` (part 7): choosing the serialization order within an
+epoch (:func:`txns.resolve.order.reorder`) so that more transactions commit;
+the rule then applies unchanged in the new order.
+
 >>> import pyarrow as pa
 >>> t = pa.table({"id": [1, 2, 2, 3, 3], "is_read": [False, True, False, True, False],
 ...               "key": ["a", "a", "a", "a", "b"], "val": ["1", "1", "2", "1", "x"]})
@@ -71,6 +79,7 @@ higher ids resolve the same on top of the maintained intents.
 
 from __future__ import annotations
 
+from txns.resolve.additive import pairwise, resolve_additive, sequential_additive
 from txns.resolve.batch import resolve
 from txns.resolve.incremental import Resolver
 from txns.resolve.maintain import (
@@ -87,9 +96,12 @@ __all__ = [
     "Resolver",
     "dead_intents",
     "maintain",
+    "pairwise",
     "remove_committed_reads",
     "remove_failed",
     "remove_overwritten_writes",
     "resolve",
+    "resolve_additive",
     "sequential",
+    "sequential_additive",
 ]
