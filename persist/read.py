@@ -200,22 +200,13 @@ class Listen:
             state = r.shard.wait_for_upper(self.frontier, max(0.0, timeout_s))
         except ReadTimeout:
             return []
-        r._check_live(state)
 
-        def events() -> list[Updates | Progress]:
-            # SUBTLE: the state may be a stale cache whose parts compaction has
-            # since retired and deleted: each attempt after the first re-reads it
-            # (a part a fresh state still references is lost: CorruptObject).
-            nonlocal state
-            if attempt[0]:
-                state = r.shard.fetch()
-                r._check_live(state)
-            attempt[0] += 1
-            out, self.frontier = self._events(state)
+        def events(s: ShardState) -> list[Updates | Progress]:
+            r._check_live(s)
+            out, self.frontier = self._events(s)
             return out
 
-        attempt = [0]
-        return replan(events)
+        return r.shard.replan_from(state, events)
 
     def _events(self, state: ShardState) -> tuple[list[Updates | Progress], int]:
         """The events of ``state`` past the frontier, and the new frontier (not yet set)."""

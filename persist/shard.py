@@ -34,7 +34,7 @@ Invariants kept here:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -46,6 +46,8 @@ from persist.errors import CorruptObject, InvalidUsage, PartRetired, PersistErro
 from persist.location import Blob
 from persist.manifest import SnapshotPlan, read_plan, read_run, replan
 from persist.schema import Schema
+
+T = TypeVar("T")
 
 
 class ShardView:
@@ -136,9 +138,17 @@ class ShardView:
         table = pa.concat_tables(tables) if tables else plan.schema.arrow.empty_table()
         return to_updates(plan.schema, consolidate(table))
 
-    def snapshot(self, schema: Schema, as_of: int) -> list[Any]:
-        """:meth:`fetch_plan` of a fresh :meth:`plan`, planned again if compaction retires a part meanwhile."""
-        return replan(lambda: self.fetch_plan(self.plan(schema, as_of)))
+    def replan_from(self, state: ShardState, read: Callable[[ShardState], T]) -> T:
+        """``read(state)``; each time it raises ``PartRetired``, ``read`` again on the latest state (:func:`replan`).
+
+        SUBTLE: ``state`` may be a stale cached version naming parts that
+        compaction retired and GC deleted since. The failed attempt's
+        :meth:`missing_part` read the head (raising ``CorruptObject`` if that
+        still named the part), so :meth:`state` is then a version that names
+        the merged parts instead.
+        """
+        pending = [state]
+        return replan(lambda: read(pending.pop() if pending else self.state()))
 
 
 def plan_at(state: ShardState, schema: Schema, as_of: int) -> SnapshotPlan:

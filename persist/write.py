@@ -26,6 +26,7 @@ from persist.errors import (
     CorruptObject,
     ExternalError,
     InvalidUsage,
+    PartRetired,
     SchemaMismatch,
     UpperMismatch,
     note_write,
@@ -206,26 +207,32 @@ class WriteHandle:
             if not inputs:
                 break
             try:
-                merged = merge_batches(
-                    self.blob,
-                    self.shard_id,
-                    self.schema.arrow,
-                    inputs,
-                    state.since,
-                    self.config,
-                    self.compaction_inline_max_bytes,
-                )
-            except MissingPart as e:
-                # A stale cached state's part may have been retired and deleted
-                # since (PartRetired: stop); a part a fresh state references is lost.
-                err = self.shard.missing_part(e.key)
-                if isinstance(err, CorruptObject):
-                    raise err from None
-                break
+                merged = self._merge(inputs, state.since)
+            except PartRetired:
+                break  # a stale cached state named a part compaction retired since: stop for now
             if not apply_merged(self.blob, self._machine, inputs, merged, self.config):
                 break
             applied += 1
         return applied
+
+    def _merge(self, inputs: Sequence[HollowBatch], since: int) -> HollowBatch:
+        """The inputs merged and consolidated at ``since`` (output parts written, nothing applied).
+
+        A missing input part raises :meth:`ShardView.missing_part`'s verdict:
+        ``PartRetired`` (a stale state named it) or ``CorruptObject`` (lost).
+        """
+        try:
+            return merge_batches(
+                self.blob,
+                self.shard_id,
+                self.schema.arrow,
+                list(inputs),
+                since,
+                self.config,
+                self.compaction_inline_max_bytes,
+            )
+        except MissingPart as e:
+            raise self.shard.missing_part(e.key) from None
 
     def apply_merged(self, inputs: Sequence[HollowBatch], runs: tuple[Run, ...], since: int) -> bool:
         """Replace the contiguous batches ``inputs`` by one batch of ``runs`` (merged elsewhere, e.g. by Spark).
@@ -245,6 +252,8 @@ class WriteHandle:
         At once when the batches fit ``compaction_max_bytes``; else by policy
         rounds. Then collect garbage. Returns ``{"before", "after"}`` counts (batches,
         rows, parts), the ``since`` and whether everything was merged at once.
+        A missing input part is ``CorruptObject`` if the shard still references
+        it, else ``PartRetired`` (another compaction replaced it: call again).
         """
         state = self.shard.fetch()
         before = _counts(state)
@@ -253,15 +262,7 @@ class WriteHandle:
         if len(batches) >= 2 or (batches and batches[0].since < state.since and batches[0].rows):
             if sum(b.size for b in batches) <= self.config.compaction_max_bytes:
                 with operation("compact"):
-                    merged = merge_batches(
-                        self.blob,
-                        self.shard_id,
-                        self.schema.arrow,
-                        batches,
-                        state.since,
-                        self.config,
-                        self.compaction_inline_max_bytes,
-                    )
+                    merged = self._merge(batches, state.since)
                     merged_all = apply_merged(self.blob, self._machine, batches, merged, self.config)
             else:
                 self.compact(max_rounds=16)

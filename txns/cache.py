@@ -175,22 +175,12 @@ class TxnsCache:
             # Without a hold, compaction may pass our frontier: start over likewise.
             self._start()
             return
-        retried = False
-
-        def read() -> ShardState:
-            # SUBTLE: a cached state can name parts that compaction retired and
-            # GC deleted since (after part_grace_s). The failed attempt's check
-            # (ShardView.missing_part: CorruptObject if a fresh state still names
-            # the part) fetched a fresh state, which names the merged parts
-            # instead: read on from the frontier with it (each batch is
-            # processed whole or not at all).
-            nonlocal retried
-            current = self.shard.state() if retried else state
-            retried = True
+        def read(current: ShardState) -> ShardState:
+            # (a retry reads on from the frontier: each batch is processed whole or not at all)
             self._read_batches(current)
             return current
 
-        state = replan(read)
+        state = self.shard.replan_from(state, read)
         self._trim(state.since)
 
     def _read_batches(self, state: ShardState) -> None:

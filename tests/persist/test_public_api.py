@@ -46,7 +46,7 @@ def test_a_view_plans_and_reads_what_a_reader_would() -> None:
     assert plan.as_of == 1 and all(r.parts for r in plan.runs)
     assert view.fetch_plan(plan) == [(((0,), ("v0",)), 1, 1), (((1,), ("v1",)), 1, 1)]
     reader = client.open_leased_reader(sid, SCHEMA)
-    assert view.snapshot(SCHEMA, 2) == reader.snapshot_and_fetch(2)
+    assert replan(lambda: view.fetch_plan(view.plan(SCHEMA, 2))) == reader.snapshot_and_fetch(2)
     reader.expire()  # (its hold would keep the since at 0)
     with pytest.raises(ReadTimeout):
         view.plan(SCHEMA, as_of=3)  # the upper is not past it, even fresh
@@ -133,3 +133,15 @@ def test_check_asserts_the_invariants_about_change() -> None:
         replace(state, garbage=[(state.batches[0].runs[0].parts[0].key, 0)]).check()
     with pytest.raises(AssertionError, match="not contiguous"):
         replace(state, batches=[state.batches[0], state.batches[2]]).check()
+
+
+def test_compact_all_reports_a_lost_part_as_corrupt_not_as_an_internal_error() -> None:
+    client, sid = _shard_with_parts()
+    w = client.open_writer(sid, SCHEMA)
+    ref = w.shard.state().batches[1].runs[0].parts[0]
+    client.blob.delete(ref.key)
+    before = w.shard.fetch()
+    with pytest.raises(CorruptObject):
+        w.compact_all()
+    after = w.shard.fetch()
+    assert (after.seqno, after.batches) == (before.seqno, before.batches), "nothing applied"
