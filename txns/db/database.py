@@ -478,7 +478,7 @@ class Database:
         try:
             return read()
         except PartRetired as e:
-            raise self.handle.data_writer(data_id).shard.missing_part(e.key) from None
+            raise self.client.shard(data_id).missing_part(e.key) from None
 
     def _remember_catalog(self, key: tuple[str, int], view: CatalogView) -> None:
         if len(self._catalogs) > 64:
