@@ -13,6 +13,13 @@ Invariants:
   or after ``since``. Every write below ``since`` is applied (the txns
   shard's since never passes an unapplied write; see ``TxnsHandle.compact_to``),
   so reads at ``as_of < since`` need no write times.
+- With ``track_batches`` on, ``seen_batches`` maps the id of every batch
+  added (committed) at a time in ``[tracked_from, frontier)`` to its commit
+  time: nothing committed in that range is missing from it (a restart from a
+  snapshot moves ``tracked_from`` up to the restart's frontier, as does
+  trimming past ``TRACKED_BATCHES_MAX`` ids). Group commit
+  (:mod:`txns.group_commit`) learns from it which queued transactions
+  committed, without a look-up.
 - A holding cache's leased reader holds the txns shard's since at or below
   ``frontier - 1``, so compaction never moves a time the cache has not read.
   A cache without a hold (``hold=False``: one-off uses such as the CLI, so
@@ -47,6 +54,9 @@ if TYPE_CHECKING:
     from txns.handle import DataSnapshot, TxnsHandle
 
 log = logging.getLogger(__name__)
+
+TRACKED_BATCHES_MAX = 200_000
+"""``seen_batches`` keeps at most this many ids; trimming drops the oldest half."""
 
 
 @dataclass
@@ -87,6 +97,10 @@ class TxnsCache:
         self._handle = handle
         self.hold = hold
         self.reader: ReadHandle | None = None
+        #: whether to record the batch ids of commits (``seen_batches``; see the module doc)
+        self.track_batches = False
+        self.seen_batches: dict[str, int] = {}
+        self.tracked_from = 0
         self._start()
 
     def _start(self) -> None:
@@ -137,6 +151,9 @@ class TxnsCache:
             self.frontier = self.since + 1
         else:
             self.frontier = state.upper
+        # (commits before the snapshot's frontier may have been tidied away: not tracked)
+        self.seen_batches = {}
+        self.tracked_from = self.frontier
         self._absorb(self.shard.state())
 
     # ---- following the txns shard ----------------------------------------------
@@ -158,11 +175,41 @@ class TxnsCache:
         else:
             self.entries[e] = n
         if diff > 0:
+            if self.track_batches and at >= self.tracked_from:
+                self._track(e.decode_batch().id, e.ts)
             w = self.writes[e.data_id]
             if not w or w[-1] < e.ts:
                 w.append(e.ts)
             elif e.ts not in w:
                 bisect.insort(w, e.ts)
+
+    def _track(self, batch_id: str, ts: int) -> None:
+        self.seen_batches[batch_id] = ts
+        if len(self.seen_batches) > TRACKED_BATCHES_MAX:
+            keep = sorted(self.seen_batches.items(), key=lambda kv: kv[1])[TRACKED_BATCHES_MAX // 2 :]
+            self.seen_batches = dict(keep)
+            self.tracked_from = keep[0][1] + 1 if keep else self.frontier
+
+    def start_tracking(self) -> None:
+        """Turn ``track_batches`` on: from the current frontier, every committed batch id is recorded."""
+        if not self.track_batches:
+            self.track_batches = True
+            self.seen_batches = {}
+            self.tracked_from = self.frontier
+
+    def committed_at(self, batch_ids: set[str], since_ts: int) -> int | None:
+        """The commit time of any of ``batch_ids``, if committed in ``[since_ts, frontier)``.
+
+        None when none of them was; raises LookupError when tracking does not
+        cover ``since_ts`` (the caller then looks the transaction up).
+        """
+        if not self.track_batches or since_ts < self.tracked_from:
+            raise LookupError(f"batches committed since {since_ts} are not tracked (from {self.tracked_from})")
+        for b in batch_ids:
+            ts = self.seen_batches.get(b)
+            if ts is not None:
+                return ts
+        return None
 
     def _absorb(self, state: ShardState) -> None:
         """Process every batch of ``state`` past the frontier."""

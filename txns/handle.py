@@ -476,6 +476,11 @@ class TxnsHandle:
             updates.append(Entry(ts, self.commits_id, b"").update(ts, 1))
         return updates
 
+    def find_commit(self, txn_id: str, batch_ids: set[str]) -> int | None:
+        """The commit time of transaction ``txn_id`` (whose batches are ``batch_ids``) if it committed
+        below the cache's frontier, else None. Reads the commits shard when the log does not tell."""
+        return self._find_commit(txn_id, batch_ids, self.cache.frontier)
+
     def _find_commit(self, txn_id: str, batch_ids: set[str], upper: int) -> int | None:
         """The commit time of ``txn_id`` if it committed below ``upper``, else None.
 

@@ -154,6 +154,28 @@ class Txn:
         self._batches.setdefault(data_id, []).append(batch)
 
     @property
+    def uncertain(self) -> bool:
+        """Whether an earlier commit of this transaction may have landed (see the module doc).
+
+        Its next commit looks it up first. Group commit (:mod:`txns.group_commit`)
+        sets it once the transaction is queued (a sequencer may commit it), and
+        clears it on a copy it checked at the very upper its commit expects.
+        """
+        return self._uncertain
+
+    @uncertain.setter
+    def uncertain(self, value: bool) -> None:
+        self._uncertain = bool(value)
+
+    def settle(self, applied: TxnApply) -> None:
+        """Record that this transaction committed as ``applied`` (by another's write: group commit).
+
+        Every later ``commit_at`` returns ``applied``.
+        """
+        self._committed = applied
+        self._uncertain = False
+
+    @property
     def handle(self) -> TxnsHandle | None:
         """The handle this transaction is bound to (set by ``TxnsHandle.begin`` or the first commit)."""
         return self._handle
@@ -190,6 +212,11 @@ class Txn:
     def tidy(self, tidy: Tidy) -> None:
         """Retract these applied entries as part of this transaction's commit."""
         self._tidy.merge(tidy)
+
+    def drop_tidy(self) -> Tidy:
+        """Remove and return the entries this transaction was to retract (later applies find them again)."""
+        tidy, self._tidy = self._tidy, Tidy()
+        return tidy
 
     def merge(self, other: Txn) -> None:
         """Move everything of ``other`` into this transaction. ``other`` must not be used after."""

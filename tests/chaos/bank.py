@@ -66,6 +66,7 @@ import pyarrow as pa
 from persist import Determinate, Indeterminate, InvalidUsage, PersistClient, PersistConfig, PersistError, Schema
 from persist.errors import CorruptObject
 from txns import Tidy, TimestampUnavailable, Txn, TxnApply, TxnsHandle
+from txns.group_commit import GroupCommitFailed, GroupCommitter
 
 LEGS_SCHEMA = Schema(
     key=pa.schema([("account", pa.string()), ("transfer_id", pa.string())]),
@@ -184,6 +185,8 @@ class Stats:
     abandoned: int = 0
     applies: int = 0
     tidies_attached: int = 0
+    queued_commits: int = 0  # --group-commit: transactions that went through the queue
+    grouped_by_this_sequencer: int = 0  # ... and how many this process committed as the sequencer
     open_s: float | None = None
     crashes: dict[str, int] = field(default_factory=dict)
     exceptions: dict[str, int] = field(default_factory=dict)
@@ -223,6 +226,7 @@ class Worker:
         self.handle: TxnsHandle | None = None
         self.tidy: Tidy | None = None
         self.crash_at: str | None = None  # the crash point drawn for the current transfer
+        self.group: GroupCommitter | None = None  # with --group-commit (see commit)
 
     # ---- bookkeeping ----
 
@@ -302,7 +306,25 @@ class Worker:
                     continue
             self.stats.commit_attempts += 1
             try:
+                if self.args.group_commit:
+                    # (the same txn again after any failure: it commits once, directly or from the queue)
+                    if self.group is None:
+                        # (most incarnations always queue, so sequencers are busy when they are killed)
+                        direct = self.rng.random() < 0.3
+                        self.group = GroupCommitter(h, direct=direct, lease_ms=1000, timeout_s=10.0)
+                    try:
+                        return self.group.commit(txn)
+                    finally:
+                        self.stats.queued_commits = self.group.queued
+                        self.stats.grouped_by_this_sequencer = self.group.grouped
                 return txn.commit_at(h, ts)
+            except GroupCommitFailed as e:
+                self.stats.exception("commit", e)
+                self.stats.violation("uncommittable", f"group commit of {tid} failed: {e!r}")
+                raise Stuck(f"transfer {tid}: {e!r}") from e
+            except TimeoutError as e:  # queued, not committed yet: wait on the same txn again
+                self.stats.exception("commit", e)
+                last = repr(e)
             except TimestampUnavailable as e:
                 self.stats.exception("commit", e)
                 ts = e.upper  # the same txn at the upper
@@ -400,7 +422,8 @@ class Worker:
         except PersistError as e:  # first use of a shard reads its schema: nothing pending yet
             self.stats.exception("write", e)
             return None
-        if self.tidy is not None and self.rng.random() < 0.5:
+        if self.tidy is not None and self.rng.random() < 0.5 and not self.args.group_commit:
+            # (a queued transaction may be joined to another's write: it carries no tidy)
             txn.tidy(self.tidy)
             self.tidy = None
             self.stats.tidies_attached += 1
@@ -511,6 +534,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--apply-prob", type=float, default=0.5)
     p.add_argument("--pad-every", type=int, default=10)
     p.add_argument("--crash-prob", type=float, default=0.0, help="kill itself at a crash point per transfer")
+    p.add_argument("--group-commit", action="store_true", help="commit through txns.group_commit")
     p.add_argument("--think-s", type=float, default=0.0, help="sleep up to this long between transfers")
     return p.parse_args(argv)
 

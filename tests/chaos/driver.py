@@ -116,6 +116,8 @@ class ChaosConfig:
     apply_prob: float = 0.5
     pad_every: int = 10
     think_s: float = 0.0
+    group_commit: bool = False
+    """Workers commit through txns.group_commit (the queue and its sequencers, killed like anything else)."""
     work_dir: Path | None = None
     """Where the state (and the store, for ``file``) goes; a temporary directory if None."""
     keep_work_dir: bool = True
@@ -324,7 +326,7 @@ class _Run:
             "--pad-every", str(cfg.pad_every),
             "--think-s", str(cfg.think_s),
             "--crash-prob", str(cfg.crash_prob if mode == "run" else 0.0),
-        ]  # fmt: skip
+        ] + (["--group-commit"] if cfg.group_commit else [])  # fmt: skip
         w.proc = self.popen(argv, self.state_dir / f"w{w.n}.log")
         w.restart_at = None
         self.res.worker_starts += 1
@@ -499,7 +501,8 @@ class _Run:
     def gather_stats(self) -> None:
         counters = (
             "transfers_started", "committed", "commit_attempts", "from_bytes_loaded", "from_bytes_committed",
-            "pending_already_acked", "abandoned", "applies", "tidies_attached",
+            "pending_already_acked", "abandoned", "applies", "tidies_attached", "queued_commits",
+            "grouped_by_this_sequencer",
         )  # fmt: skip
         for p in sorted(self.state_dir.glob("w*.stats.json")):
             try:

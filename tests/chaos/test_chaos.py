@@ -46,6 +46,7 @@ def _run(tmp_path: Path, **kw: Any) -> ChaosResult:
 
 SHORT_S3_S = _env_float("CHAOS_SECONDS", 40.0)
 SHORT_FILE_S = _env_float("CHAOS_SECONDS", 12.0)
+SHORT_GROUP_S3_S = _env_float("CHAOS_SECONDS", 25.0)
 SHORT_SEED = int(os.environ.get("CHAOS_SEED", "1"))
 
 
@@ -66,6 +67,28 @@ def test_chaos_short_s3(tmp_path: Path) -> None:
 def test_chaos_short_file(tmp_path: Path) -> None:
     """One seed on a local directory: kills only (~20 s)."""
     _check(_run(tmp_path, backend="file", seconds=SHORT_FILE_S, seed=SHORT_SEED))
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.timeout(int(SHORT_FILE_S) + 300)
+@pytest.mark.skipif(LONG, reason="CHAOS_PROFILE=long runs the long profile instead")
+def test_chaos_short_group_commit_file(tmp_path: Path) -> None:
+    """Group commit (txns.group_commit) on a directory: 4 workers queueing, sequencers SIGKILLed (~25 s)."""
+    _check(_run(tmp_path, backend="file", seconds=SHORT_FILE_S, seed=SHORT_SEED, workers=4, group_commit=True))
+
+
+@pytest.mark.chaos
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.timeout(int(SHORT_GROUP_S3_S) + 420)
+@pytest.mark.skipif(LONG, reason="CHAOS_PROFILE=long runs the long profile instead")
+def test_chaos_short_group_commit_s3(tmp_path: Path) -> None:
+    """Group commit on moto behind the fault proxy: every fault kind, sequencers SIGKILLed (~45 s)."""
+    res = _run(
+        tmp_path, backend="s3", seconds=SHORT_GROUP_S3_S, seed=SHORT_SEED, workers=4, group_commit=True, kill_every_s=8
+    )
+    _check(res)
 
 
 LONG_SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",") if s.strip()]

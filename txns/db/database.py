@@ -83,6 +83,7 @@ from persist.url import redact
 from txns.commits import COMMITS_SCHEMA, commits_shard_id
 from txns.db import clock
 from txns.db.applier import Applier
+from txns.db.batch import BatchFn, BatchResult, run_batch
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
@@ -92,6 +93,7 @@ from txns.db.root import RootRecord, create_root, new_proposal, read_root, updat
 from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
+from txns.group_commit import GroupCommitter
 from txns.handle import TxnsHandle
 from txns.txn import Txn
 
@@ -243,6 +245,8 @@ class Database:
         #: group commits made (each one conditional write) and transactions they carried (diagnostics)
         self.group_commits = 0
         self.grouped_transactions = 0
+        #: write-only groups that lost a race go through the cross-process queue (made on first need)
+        self._queue_committer: GroupCommitter | None = None
         schemas = self._write_system_schemas() if new else []
         # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
         self.handle = TxnsHandle.open(client, root.txns_id)
@@ -305,6 +309,8 @@ class Database:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._queue_committer is not None:
+                    self._queue_committer.close()
                 self.handle.close()
 
     def __enter__(self) -> Database:
@@ -626,6 +632,39 @@ class Database:
         assert last is not None
         raise TransactionConflict(f"{last} (gave up after {max_attempts} attempts)", attempts=max_attempts)
 
+    def run_batch(
+        self,
+        fns: Sequence[BatchFn],
+        *,
+        executor: str | None = "threads",
+        workers: int | None = None,
+        isolation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        max_attempts: int | None = None,
+    ) -> BatchResult:
+        """Run functions of a ``BatchContext`` in parallel, repaired to equal running them one by one in
+        list order, and commit their writes as one transaction (:func:`txns.db.batch.run_batch`).
+
+        Each ``fn(ctx)`` reads and writes keyed tables through ``ctx.get`` /
+        ``ctx.put`` / ``ctx.delete`` / ``ctx.add`` and may run more than once;
+        ``txns.Abort`` drops just that function. The result says each one's
+        outcome, and how many executions and repairs it took.
+
+        >>> import pyarrow as pa, txns
+        >>> db = txns.connect("mem://doc-db-run-batch")
+        >>> _ = db.create_table("kv", pa.schema([("k", pa.string()), ("v", pa.int64())]), primary_key=["k"])
+        >>> def bump(ctx):
+        ...     row = ctx.get("kv", "a")
+        ...     ctx.put("kv", {"k": "a", "v": (row["v"] if row else 0) + 1})
+        >>> res = db.run_batch([bump, bump, bump])
+        >>> res.outcomes, res.repairs, db.table("kv").to_arrow().to_pylist()
+        (['committed', 'committed', 'committed'], 2, [{'k': 'a', 'v': 3}])
+        """
+        kw: dict[str, Any] = {} if max_attempts is None else {"max_attempts": max_attempts}
+        return run_batch(
+            self, fns, executor=executor, workers=workers, isolation=isolation, metadata=metadata, **kw
+        )
+
     def read(self, as_of: AsOf = None, isolation: str | None = None) -> ReadTransaction:
         """A read-only transaction: every read through it at one timestamp (``as_of``; None: the oracle's read time).
 
@@ -750,7 +789,11 @@ class Database:
                     o.observe(e.upper - 1)
                 if expect is not None:
                     group = None  # re-validate, re-form
-                continue
+                    continue
+                # A write-only group lost a race with another process: queue it
+                # (txns.group_commit), so contending processes share writes.
+                self._commit_queued(group)
+                return
             except Indeterminate as e:
                 uncertain_tries += 1
                 if uncertain_tries > UNCERTAIN_RETRIES:
@@ -773,6 +816,40 @@ class Database:
         self.group_commits += 1
         self.grouped_transactions += len(group)
         self._applier.submit(applied.commit_ts, written)
+
+    def _commit_queued(self, group: list[_Pending]) -> None:
+        """Commit a write-only group through the cross-process queue; settle each member's outcome.
+
+        Under the database's lock (the committer uses ``self.handle``). Each
+        member goes into the queue on its own (its tidy is dropped: later
+        applies find those entries again), so members may commit at
+        different times; each is settled with its own.
+        """
+        if self._queue_committer is None:
+            oracle = self.oracle()
+            self._queue_committer = GroupCommitter(
+                self.handle, ts_fn=lambda upper: max(upper, oracle.write_ts()), direct=False
+            )
+        if group[0].txn.uncertain:
+            # SUBTLE: an earlier attempt of this group (all its members, joined)
+            # may have landed: each member must be looked up, not just the base.
+            for q in group:
+                q.txn.uncertain = True
+        try:
+            applied = self._queue_committer.commit_all([q.txn for q in group])
+        except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
+            self._settle_failed(group, e)
+            return
+        written: dict[str, int] = {}
+        for q, a in zip(group, applied, strict=True):
+            for o in self._oracles.values():
+                o.observe(a.commit_ts)
+            written.update(q.written)
+            q.result = (a.commit_ts, q.read_ts)
+            q.done = True
+        self.group_commits += 1
+        self.grouped_transactions += len(group)
+        self._applier.submit(max(a.commit_ts for a in applied), written)
 
     def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
         """The members that commit together at ``upper``: validated, and none reading what an earlier one writes."""

@@ -1,0 +1,197 @@
+"""Group commit across processes (txns.group_commit) against each process committing for itself.
+
+N processes (each with T threads) commit small transactions (one row of
+~100 bytes to the process's own data shard) through ONE txns shard for a
+fixed window, in two modes measured in the same run on the same endpoint:
+
+- ``direct``: each thread commits with ``TxnsHandle.commit`` (one
+  compare-and-append; a lost race retries at the upper it was told);
+- ``group``: each process has one ``GroupCommitter`` shared by its threads:
+  direct while uncontended, else the queue, whose sequencer (one process at a
+  time) commits everything queued in one conditional write.
+
+Printed per (mode, N, T): transactions/s, p50/p99 commit latency, how many
+transactions shared each version of the txns shard (versions written during
+the window, from its consensus head: commits plus the cache's hold renewals),
+and the floor: a bare conditional-PUT loop on one key from one process.
+
+Storage is moto S3 in a child process, optionally behind
+:class:`persist.fault_proxy.FaultProxy` with ``--latency-ms`` added to each
+request and ``--cas-per-key-s`` conditional PUTs per key per second (the
+real-S3 model of issue #13: ``--latency-ms 60 --cas-per-key-s 15``).
+
+Run: ``.venv/bin/python benchmarks/bench_group_commit_procs.py`` (about 3
+minutes; ``--quick`` for 1 and 4 processes, 5 s windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import moto_server, new_bucket_url, print_table
+
+from persist import PersistClient, Schema, ShardId
+from persist.fault_proxy import FaultPlan, FaultProxy
+from persist.location import CaSResult
+from txns import TimestampUnavailable, TxnsHandle
+from txns.group_commit import GroupCommitter
+
+SCHEMA = Schema(key=pa.schema([("k", pa.int64())]), val=pa.schema([("v", pa.string())]))
+PAYLOAD = "x" * 100
+
+
+def _worker(
+    url: str, txns_id: str, data_id: str, mode: str, threads: int, go: Any, stop: Any, out: Any, worker: int
+) -> None:
+    client = PersistClient.open(url)
+    handles = [TxnsHandle.open(client, txns_id) for _ in range(threads if mode == "direct" else 1)]
+    for h in handles:
+        h.maintain_on_commit = False  # (maintenance is the same in both modes: leave it out of the window)
+        h.data_writer(data_id)
+    group = GroupCommitter(handles[0]) if mode == "group" else None
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    errors = [0] * threads
+
+    def run(t: int) -> None:
+        h = handles[t] if mode == "direct" else handles[0]
+        n = 0
+        go.wait()
+        while not stop.is_set():
+            s = time.perf_counter()
+            try:
+                if group is not None:
+                    txn = h.begin()
+                    txn.write(data_id, (worker * 10**9 + t * 10**7 + n,), (PAYLOAD,), 1)
+                    group.commit(txn)
+                else:
+                    txn = h.begin()
+                    txn.write(data_id, (worker * 10**9 + t * 10**7 + n,), (PAYLOAD,), 1)
+                    h.commit(txn)
+            except (TimestampUnavailable, Exception):  # noqa: BLE001 - counted and reported
+                errors[t] += 1
+                continue
+            n += 1
+            if not stop.is_set():
+                latencies[t].append(time.perf_counter() - s)
+
+    ths = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    stats = {"queued": group.queued if group else 0, "grouped": group.grouped if group else 0,
+             "rounds": group.rounds if group else 0}
+    if group is not None:
+        group.close()
+    for h in handles:
+        h.close()
+    out.put(([x for xs in latencies for x in xs], sum(errors), stats))
+
+
+def run_case(url: str, mode: str, procs: int, threads: int, seconds: float) -> dict:
+    client = PersistClient.open(url)
+    txns_id = str(ShardId.new())
+    admin = TxnsHandle.open(client, txns_id)
+    ds = [str(ShardId.new()) for _ in range(procs)]
+    admin.register(admin.upper, dict.fromkeys(ds, SCHEMA))
+    ctx = multiprocessing.get_context("spawn")
+    go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    ps = [
+        ctx.Process(target=_worker, args=(url, txns_id, ds[i], mode, threads, go, stop, out, i)) for i in range(procs)
+    ]
+    for p in ps:
+        p.start()
+    time.sleep(3.0 + 0.4 * procs)  # (spawned interpreters import and open their handles)
+    v0 = client.consensus.head(txns_id)
+    go.set()
+    time.sleep(seconds)
+    stop.set()
+    v1 = client.consensus.head(txns_id)
+    results = [out.get(timeout=120) for _ in ps]
+    for p in ps:
+        p.join(60)
+    admin.close()
+    lat = sorted(x for r in results for x in r[0])
+    versions = (v1.seqno if v1 else 0) - (v0.seqno if v0 else 0)
+    n = len(lat)
+    return {
+        "txns/s": n / seconds,
+        "p50 ms": 1000 * lat[n // 2] if n else float("nan"),
+        "p99 ms": 1000 * lat[min(n - 1, int(n * 0.99))] if n else float("nan"),
+        "txns per version": n / versions if versions else float("nan"),
+        "errors": sum(r[1] for r in results),
+        "queued": sum(r[2]["queued"] for r in results),
+        "grouped": sum(r[2]["grouped"] for r in results),
+    }
+
+
+def cas_floor(url: str, seconds: float) -> float:
+    """Conditional PUTs per second on one key from one process (each waits for the previous)."""
+    client = PersistClient.open(url)
+    key = f"floor-{uuid.uuid4().hex}"
+    seq: int | None = None
+    n = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        if client.consensus.compare_and_set(key, seq, b"x" * 64) is CaSResult.COMMITTED:
+            seq = (seq or 0) + 1
+            n += 1
+    return n / seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--procs", default="1,2,4,8,16")
+    p.add_argument("--threads", type=int, default=1, help="threads per process")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--cas-per-key-s", type=int, default=None)
+    p.add_argument("--modes", default="direct,group")
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    procs = [int(x) for x in ("1,4" if a.quick else a.procs).split(",")]
+    seconds = 5.0 if a.quick else a.seconds
+    with ExitStack() as stack:
+        endpoint = stack.enter_context(moto_server())
+        if a.latency_ms or a.cas_per_key_s:
+            plan = FaultPlan(latency_s=a.latency_ms / 1000, conditional_puts_per_key_s=a.cas_per_key_s)
+            proxy = stack.enter_context(FaultProxy(endpoint, faults=plan))
+            endpoint = proxy.url
+        floor = cas_floor(new_bucket_url(endpoint), min(seconds, 5.0))
+        print(f"floor: {floor:.1f} conditional PUTs/s on one key from one process", flush=True)
+        rows = []
+        base: dict[str, float] = {}
+        for n in procs:
+            for mode in a.modes.split(","):
+                r = run_case(new_bucket_url(endpoint), mode, n, a.threads, seconds)
+                base.setdefault(mode, r["txns/s"])
+                print(f"  {mode} {n}x{a.threads}: {r}", flush=True)
+                rows.append([
+                    mode, f"{n} x {a.threads}", f"{r['txns/s']:.1f}", f"{r['txns/s'] / base[mode]:.2f}",
+                    f"{r['txns/s'] / floor:.2f}", f"{r['p50 ms']:.0f} / {r['p99 ms']:.0f}",
+                    f"{r['txns per version']:.2f}", r["queued"], r["errors"],
+                ])  # fmt: skip
+        print_table(
+            ["mode", "procs x threads", "txns/s", "vs 1 proc", "vs floor", "p50 / p99 ms", "txns per version",
+             "queued", "errors"],
+            rows,
+            title=f"one txns shard, {seconds:g} s windows, latency {a.latency_ms:g} ms, "
+            f"CAS cap {a.cas_per_key_s or '-'}/key/s; floor {floor:.1f} CAS/s",
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Group commit across processes (txns.group_commit): every queued transaction commits exactly once.
+
+Committers here each have their own client and handle (as separate
+processes would); one test runs real processes. The SIGKILL chaos test of
+sequencers is in tests/chaos/test_group_commit_chaos.py.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+
+from persist import PersistClient
+from persist.unreliable import Fault, Faults, Op
+from tests.helpers import file_url
+from tests.txns.model import SCHEMA, Store, consolidated, new_id
+from txns import TxnsHandle
+from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, lease_key, queue_prefix
+
+
+def _setup(client: PersistClient, shards: int) -> tuple[str, list[str]]:
+    txns_id = new_id()
+    h = TxnsHandle.open(client, txns_id)
+    ds = [new_id() for _ in range(shards)]
+    h.register(1, dict.fromkeys(ds, SCHEMA))
+    h.close()
+    return txns_id, ds
+
+
+def _contents(client: PersistClient, txns_id: str, ds: list[str]) -> dict[str, dict]:
+    h = TxnsHandle.open(client, txns_id)
+    h.cache.sync()
+    upper = h.upper
+    out = {d: consolidated(h.snapshot(d, upper - 1)) for d in ds}
+    h.close()
+    return out
+
+
+def _queue_keys(client: PersistClient, txns_id: str) -> list[str]:
+    return list(client.blob.list_keys(queue_prefix(txns_id)))
+
+
+def test_threads_with_their_own_handles_commit_each_transaction_once_in_groups(store: Store) -> None:
+    txns_id, ds = _setup(store.client(), 4)
+    per = 15
+    results: dict[int, list[int]] = {}
+    committers = []
+
+    def run(i: int) -> None:
+        h = TxnsHandle.open(store.client(), txns_id)
+        gc = GroupCommitter(h, direct=False, poll_s=0.001)
+        committers.append(gc)
+        out = []
+        for n in range(per):
+            txn = h.begin()
+            txn.write(ds[i], (n,), (f"w{i}",), 1)
+            out.append(gc.commit(txn).commit_ts)
+        results[i] = out
+        gc.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    contents = _contents(store.client(), txns_id, ds)
+    for i, d in enumerate(ds):
+        assert contents[d] == {((n,), (f"w{i}",)): 1 for n in range(per)}
+    assert sum(gc.grouped for gc in committers) == 4 * per
+    # transactions shared conditional writes: fewer rounds that committed than transactions
+    distinct_ts = {ts for out in results.values() for ts in out}
+    assert len(distinct_ts) < 4 * per
+    assert _queue_keys(store.client(), txns_id) == []
+
+
+def test_uncontended_commit_takes_the_direct_path_with_no_queue_or_lease_traffic(store: Store) -> None:
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h)
+    writes: list[str] = []
+    cas, put = client.consensus.compare_and_set, client.blob.set
+
+    def counting_cas(key: str, expected: int | None, data: bytes) -> object:
+        writes.append(key)
+        return cas(key, expected, data)
+
+    def counting_put(key: str, value: bytes) -> None:
+        writes.append(key)
+        put(key, value)
+
+    client.consensus.compare_and_set = counting_cas  # type: ignore[method-assign]
+    client.blob.set = counting_put  # type: ignore[method-assign]
+    for n in range(5):
+        txn = h.begin()
+        txn.write(ds[0], (n,), ("a",), 1)
+        gc.commit(txn)
+    assert gc.direct_commits == 5 and gc.queued == 0
+    assert not [k for k in writes if k == lease_key(txns_id) or k.startswith(queue_prefix(txns_id))]
+    assert writes.count(txns_id) >= 5  # (each commit is its conditional write on the txns shard)
+    gc.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(5)}
+
+
+def test_a_lost_race_sends_the_next_commits_through_the_queue(store: Store) -> None:
+    client = store.client()
+    txns_id, ds = _setup(client, 2)
+    h = TxnsHandle.open(client, txns_id)
+    other = TxnsHandle.open(store.client(), txns_id)
+    gc = GroupCommitter(h, contended_s=60)
+    h.cache.sync()
+    t_other = other.begin()
+    t_other.write(ds[1], (9,), ("o",), 1)
+    other.commit(t_other)  # moves the upper past what h has seen: h's direct try loses
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    applied = gc.commit(txn)
+    assert gc.queued == 1 and gc.direct_commits == 0
+    txn2 = h.begin()
+    txn2.write(ds[0], (2,), ("b",), 1)
+    gc.commit(txn2)
+    assert gc.queued == 2  # still contended: straight to the queue
+    assert txn.commit_at(h, applied.commit_ts + 100) == applied  # settled: never again
+    gc.close()
+    contents = _contents(store.client(), txns_id, ds)
+    assert contents[ds[0]] == {((1,), ("a",)): 1, ((2,), ("b",)): 1}
+
+
+def test_a_dead_sequencers_committed_objects_are_not_committed_again(store: Store) -> None:
+    """A sequencer commits, then dies before deleting the queue objects; the next one only deletes them."""
+    txns_id, ds = _setup(store.client(), 1)
+    h1 = TxnsHandle.open(store.client(), txns_id)
+    dead = GroupCommitter(h1, direct=False, lease_ms=200)
+    dead._delete = lambda key: None  # type: ignore[method-assign]  # it "dies" right after its commit
+    txns_ids = []
+    for n in range(3):
+        txn = h1.begin()
+        txn.write(ds[0], (n,), ("x",), 1)
+        txns_ids.append(dead.commit(txn).commit_ts)
+    assert len(_queue_keys(store.client(), txns_id)) == 3  # committed, but still queued
+    # (its lease is never released: the next sequencer waits for it to lapse)
+    h2 = TxnsHandle.open(store.client(), txns_id)  # tracking starts after those commits: the look-up path
+    nxt = GroupCommitter(h2, direct=False, lease_ms=200)
+    txn = h2.begin()
+    txn.write(ds[0], (10,), ("y",), 1)
+    nxt.commit(txn)
+    nxt.close()
+    assert _queue_keys(store.client(), txns_id) == []
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {
+        ((0,), ("x",)): 1, ((1,), ("x",)): 1, ((2,), ("x",)): 1, ((10,), ("y",)): 1
+    }
+
+
+def test_a_group_commit_that_landed_but_reported_failure_is_not_repeated() -> None:
+    faults = Faults(seed=1)
+    store = Store(faults)
+    txns_id, ds = _setup(store.client(), 1)
+    h = TxnsHandle.open(store.client(), txns_id)
+    gc = GroupCommitter(h, direct=False)
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    txn.batches()  # (written before the fault is armed)
+    h.cache.sync()
+    injected = faults.counters[Op.CAS].injected
+    # the next two conditional writes (the lease's, then the round's) land, and their replies are lost
+    faults.fail_next(Op.CAS, Fault.AFTER, n=2)
+    applied = gc.commit(txn)
+    gc.close()
+    assert faults.counters[Op.CAS].injected == injected + 2
+    contents = _contents(store.client(), txns_id, ds)
+    assert contents[ds[0]] == {((1,), ("a",)): 1}
+    assert applied.commit_ts >= 1
+
+
+def test_a_transaction_for_a_forgotten_shard_fails_with_nothing_committed(store: Store) -> None:
+    client = store.client()
+    txns_id, ds = _setup(client, 2)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, direct=False)
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    txn.batches()
+    other = TxnsHandle.open(store.client(), txns_id)
+    other.forget(other.upper, [ds[0]])
+    with pytest.raises(GroupCommitFailed, match="not registered"):
+        gc.commit(txn)
+    gc.close()
+    assert _queue_keys(store.client(), txns_id) == []
+
+
+def test_queued_objects_round_trip_and_refuse_garbage() -> None:
+    q = Queued("t1", 7, True, frozenset({"b1", "b2"}), b"\x00txn")
+    assert Queued.decode("x", q.encode()) == q
+    from persist import CorruptObject
+
+    with pytest.raises(CorruptObject):
+        Queued.decode("x", q.encode()[:-1] + b"!")
+
+
+def test_bad_settings_are_refused(store: Store) -> None:
+    client = store.client()
+    txns_id, _ = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    with pytest.raises(Exception, match="lease_ms"):
+        GroupCommitter(h, lease_ms=1)
+    gc = GroupCommitter(h)
+    with pytest.raises(Exception, match=r"txns\.Txn"):
+        gc.commit("not a txn")  # type: ignore[arg-type]
+    gc.close()
+
+
+def _process_committer(url: str, txns_id: str, d: str, worker: int, n: int) -> None:
+    client = PersistClient.open(url)
+    h = TxnsHandle.open(client, txns_id)
+    with GroupCommitter(h, direct=False, poll_s=0.002) as gc:
+        for i in range(n):
+            txn = h.begin()
+            txn.write(d, (worker * 1000 + i,), (f"p{worker}",), 1)
+            gc.commit(txn)
+    h.close()
+
+
+def test_processes_share_conditional_writes_and_commit_each_transaction_once(tmp_path: Path) -> None:
+    url = file_url(tmp_path / "store")
+    client = PersistClient.open(url)
+    txns_id, ds = _setup(client, 1)
+    ctx = multiprocessing.get_context("spawn")
+    workers, n = 3, 12
+    procs = [ctx.Process(target=_process_committer, args=(url, txns_id, ds[0], w, n)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    contents = _contents(client, txns_id, ds)[ds[0]]
+    assert contents == {((w * 1000 + i,), (f"p{w}",)): 1 for w in range(workers) for i in range(n)}
+    assert _queue_keys(client, txns_id) == []

@@ -1,0 +1,466 @@
+"""Group commit across processes, with no server: a queue of transactions and one sequencer at a time.
+
+One conditional write on the txns shard commits any number of transactions
+(``Txn.join``), but processes that each commit their own contend: each lost
+race costs a conditional write and a re-read, and a busy txns shard stalls.
+A :class:`GroupCommitter` (one per process and txns shard; thread-safe) commits
+through a **queue** when there is contention:
+
+1. **Direct first.** ``commit(txn)`` first tries today's path: one
+   compare-and-append at the upper. Uncontended, that is all it costs. A lost
+   race switches this committer to the queue for ``contended_s``.
+2. **Enqueue.** The transaction's batches are written (as for any commit) and
+   the transaction goes, as bytes (``Txn.to_bytes``), into a uniquely named
+   object ``{txns_id}/queue/pending/{txn_id}``: a plain PUT that contends with
+   nobody. The object also records ``seen_upper``, the txns upper the writer
+   had seen (at most the true upper, so every commit of the transaction is at
+   a time >= it), and whether the transaction is *uncertain* (an earlier
+   attempt may have landed, or its id was chosen by the caller).
+3. **Sequence.** One process at a time is the sequencer: it holds a lease,
+   the consensus key ``{txns_id}-sequencer``, taken by a compare-and-set when
+   absent, released or lapsed (``lease_ms`` after its last renewal, which the
+   holder makes every half lease while it works). Any waiting writer whose
+   sequencer's lease lapsed takes over. A round of the sequencer lists the
+   queue, reads the new objects, reads the txns shard (upper ``U``), drops
+   what already committed, and commits everything else in **one**
+   conditional write at ``ts_fn(U)`` expecting the upper ``U``; then deletes
+   the objects it committed.
+4. **Learn.** A writer waits for its batches to appear in the txns log
+   (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
+   it learns its commit time from the log itself, from whichever sequencer
+   committed it.
+
+Invariants (nothing submitted is lost or committed twice):
+
+- *Not lost.* An object is deleted only after its transaction is known
+  committed (by a sequencer that committed it, or one that found it in the
+  log or its commit record), or after a failure was published for it
+  (``{txns_id}/queue/failed/{txn_id}``: its shard was forgotten). Until then
+  every round of every sequencer tries it; a sequencer that dies leaves the
+  objects for the next.
+- *Not twice.* A sequencer commits a queued transaction only with
+  ``expect_upper=U`` after checking, on the txns shard at upper ``U``, that it
+  did not commit below ``U``: no commit can land between the check and the
+  write. The check is exact: for a transaction with ``seen_upper >=
+  tracked_from``, the cache has recorded every batch committed since its
+  ``seen_upper`` (``TxnsCache.committed_at``); otherwise (old objects after a
+  takeover, uncertain transactions) it is the durable look-up of
+  ``Txn.commit_at`` (log entries by batch id, then the commit record). So two
+  sequencers (a lapsed one still running, say) never both commit it: the
+  lease only saves work, safety never depends on it or on clocks.
+- A transaction whose commit raised ``Indeterminate`` is found by the next
+  round's check (its batches in the log), never committed again.
+
+Costs, per transaction through the queue: one PUT (its object), its share of
+a round (one LIST, one GET of its object, the txns state read and one
+conditional write shared by the group) and one DELETE; a waiting writer reads
+the txns state about once per ``poll_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from persist import ExternalError, InvalidUsage, frame, retry_storage, unframe
+from persist.location import CaSResult
+from txns.errors import NotRegistered, TimestampUnavailable
+from txns.handle import TxnsHandle
+from txns.txn import Txn, TxnApply
+
+log = logging.getLogger(__name__)
+
+KIND_QUEUED = 4
+"""The framing kind of a queued transaction's object."""
+KIND_LEASE = 5
+"""The framing kind of a sequencer lease version."""
+MAX_GROUP = 1000
+"""At most this many queued transactions commit in one conditional write."""
+
+
+def queue_prefix(txns_id: str) -> str:
+    """Where the queue of the txns shard ``txns_id`` lives in blob storage."""
+    return f"{txns_id}/queue/"
+
+
+def lease_key(txns_id: str) -> str:
+    """The consensus key of the sequencer lease of the txns shard ``txns_id``."""
+    return f"{txns_id}-sequencer"
+
+
+class GroupCommitFailed(InvalidUsage):
+    """The sequencer could not commit a queued transaction (its data shard was forgotten); nothing committed."""
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A queued transaction as its object holds it (see the module doc)."""
+
+    txn_id: str
+    seen_upper: int
+    uncertain: bool
+    batch_ids: frozenset[str]
+    txn: bytes
+
+    def encode(self) -> bytes:
+        head = {"txn_id": self.txn_id, "seen_upper": self.seen_upper, "uncertain": self.uncertain,
+                "batch_ids": sorted(self.batch_ids)}
+        h = json.dumps(head, separators=(",", ":")).encode()
+        return frame(KIND_QUEUED, len(h).to_bytes(4, "big") + h + self.txn)
+
+    @staticmethod
+    def decode(what: str, data: bytes) -> Queued:
+        body = unframe(what, data, KIND_QUEUED)
+        n = int.from_bytes(body[:4], "big")
+        head = json.loads(body[4 : 4 + n])
+        return Queued(head["txn_id"], head["seen_upper"], head["uncertain"], frozenset(head["batch_ids"]),
+                      body[4 + n :])
+
+
+class SequencerLease:
+    """The sequencer lease: a consensus key whose latest version names the holder and its expiry.
+
+    Held means: our compare-and-set wrote the latest version and its expiry
+    (by our clock) has not passed. Only an optimization (see the module doc):
+    two processes that both believe they hold it are safe, just wasteful.
+    """
+
+    def __init__(self, handle: TxnsHandle, lease_ms: int) -> None:
+        self.consensus = handle.client.consensus
+        self.key = lease_key(handle.txns_id)
+        self.holder = uuid.uuid4().hex
+        self.lease_ms = lease_ms
+        self._seqno: int | None = None  # the version we wrote, while we believe we hold it
+        self._expires_ms = 0
+        self._other_expires_ms = 0  # another holder's expiry, as last read (no read before it passes)
+        self.acquired = 0  # how many times this process took the lease (diagnostics)
+
+    @staticmethod
+    def _now_ms() -> int:
+        return int(time.time() * 1000)
+
+    def _write(self, expected: int | None, expires_ms: int) -> bool:
+        data = frame(KIND_LEASE, json.dumps({"holder": self.holder, "expires_ms": expires_ms}).encode())
+        try:
+            ok = self.consensus.compare_and_set(self.key, expected, data) is CaSResult.COMMITTED
+        except ExternalError:
+            ok = False  # (an indeterminate write is read back by the next try)
+        if ok:
+            self._seqno = (expected or 0) + 1
+            self._expires_ms = expires_ms
+            if self._seqno % 64 == 0:
+                try:  # old versions are never read (a stale CAS on a truncated one is invisible: head is higher)
+                    self.consensus.truncate(self.key, self._seqno - 8)
+                except ExternalError as e:
+                    log.debug("truncating the sequencer lease deferred: %s", e)
+        else:
+            self._seqno = None
+        return ok
+
+    @property
+    def held(self) -> bool:
+        return self._seqno is not None and self._now_ms() < self._expires_ms
+
+    def hold(self) -> bool:
+        """Take or renew the lease if possible; whether we hold it now."""
+        now = self._now_ms()
+        if self._seqno is not None and now < self._expires_ms - self.lease_ms // 2:
+            return True
+        if self._seqno is not None and now < self._expires_ms:
+            return self._write(self._seqno, now + self.lease_ms)
+        if now < self._other_expires_ms:
+            return False
+        try:
+            head = self.consensus.head(self.key)
+        except ExternalError:
+            return False
+        if head is not None:
+            j = json.loads(unframe(f"consensus {self.key} seqno {head.seqno}", head.data, KIND_LEASE))
+            if j["holder"] != self.holder and j["expires_ms"] > now:
+                self._other_expires_ms = j["expires_ms"]
+                return False
+        if self._write(None if head is None else head.seqno, now + self.lease_ms):
+            self.acquired += 1
+            return True
+        return False
+
+    def release(self) -> None:
+        """Give the lease up (best effort: it lapses anyway)."""
+        if self.held:
+            self._write(self._seqno, 0)
+        self._seqno = None
+
+
+class GroupCommitter:
+    """Commits transactions of one txns shard, grouping them across processes when they contend.
+
+    One per process and txns shard; any number of threads may call
+    :meth:`commit`. It uses ``handle`` (which then must not be used by other
+    threads meanwhile) under its own lock. See the module doc.
+
+    >>> import pyarrow as pa
+    >>> from persist import PersistClient, Schema, ShardId
+    >>> client = PersistClient.open("mem://doc-group-commit")
+    >>> handle = TxnsHandle.open(client, ShardId.new())
+    >>> d = str(ShardId.new())
+    >>> handle.register(1, {d: Schema(key=pa.schema([("k", pa.string())]), val=pa.schema([]))})
+    >>> gc = GroupCommitter(handle, direct=False)   # always through the queue
+    >>> txn = handle.begin()
+    >>> txn.write(d, ("a",), (), 1)
+    >>> applied = gc.commit(txn)
+    >>> _ = applied.apply(handle)
+    >>> handle.snapshot(d, applied.commit_ts)
+    [((('a',), ()), 2, 1)]
+    >>> gc.close()
+    """
+
+    def __init__(
+        self,
+        handle: TxnsHandle,
+        *,
+        ts_fn: Callable[[int], int] | None = None,
+        direct: bool = True,
+        lease_ms: int = 2000,
+        poll_s: float = 0.005,
+        contended_s: float = 1.0,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if lease_ms < 100:
+            raise InvalidUsage(f"lease_ms must be at least 100, got {lease_ms}")
+        self.handle = handle
+        self.ts_fn = ts_fn or (lambda upper: upper)
+        self.direct = direct
+        self.poll_s = poll_s
+        self.contended_s = contended_s
+        self.timeout_s = timeout_s
+        self.lease = SequencerLease(handle, lease_ms)
+        self.blob = handle.client.blob
+        self.prefix = queue_prefix(handle.txns_id)
+        self._lock = threading.RLock()
+        self._contended_until = 0.0
+        self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key
+        self._deleter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="txns-queue-delete")
+        self._deadline_s = handle.client.config.retry_deadline_s
+        handle.cache.start_tracking()
+        #: diagnostics: commits made directly, queued, rounds run and transactions they committed
+        self.direct_commits = 0
+        self.queued = 0
+        self.rounds = 0
+        self.grouped = 0
+
+    def close(self) -> None:
+        """Release the lease if held and finish pending deletes (the handle stays open)."""
+        with self._lock:
+            self.lease.release()
+        self._deleter.shutdown(wait=True)
+
+    def __enter__(self) -> GroupCommitter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the writer's side ------------------------------------------------------------------
+
+    def commit(self, txn: Txn) -> TxnApply:
+        """Commit ``txn`` (directly, or through the queue under contention); return once durable.
+
+        Raises ``GroupCommitFailed`` if a sequencer could not commit it (a
+        data shard it writes was forgotten), ``TimeoutError`` if nothing
+        committed it within ``timeout_s`` (it stays queued and may still
+        commit: commit the same ``txn`` again to wait on), and storage errors
+        of the direct path as ``Txn.commit_at`` does.
+        """
+        if not isinstance(txn, Txn):
+            raise InvalidUsage(f"commit takes a txns.Txn, got {type(txn).__name__}")
+        h = self.handle
+        if self.direct and time.monotonic() >= self._contended_until:
+            with self._lock:
+                h.cache.sync_cached()
+                try:
+                    applied = txn.commit_at(h, self.ts_fn(h.upper))
+                    self.direct_commits += 1
+                    return applied
+                except TimestampUnavailable:
+                    self._contended_until = time.monotonic() + self.contended_s
+        return self._through_queue([txn])[0]
+
+    def commit_all(self, txns: list[Txn]) -> list[TxnApply]:
+        """Commit each of ``txns`` through the queue (no direct try); return each one's commit, in order.
+
+        For a caller that already grouped transactions in its own process
+        and lost a race with that group (the database). They may commit in
+        different rounds, so at different times. Errors as :meth:`commit`.
+        A transaction carrying a tidy has it dropped: a queued transaction
+        may be joined to another's write, which only its base may tidy (the
+        entries are found again by later applies).
+        """
+        for t in txns:
+            if not isinstance(t, Txn):
+                raise InvalidUsage(f"commit_all takes txns.Txn objects, got {type(t).__name__}")
+        return self._through_queue(list(txns))
+
+    def _through_queue(self, txns: list[Txn]) -> list[TxnApply]:
+        h = self.handle
+        results: dict[int, TxnApply] = {}
+        waiting: list[tuple[int, Txn, Queued, tuple[str, ...]]] = []
+        for i, txn in enumerate(txns):
+            txn.drop_tidy()
+            batches = txn.batches()
+            batch_ids = frozenset(b.id for bs in batches.values() for b in bs if b.rows)
+            if not batch_ids:  # nothing to group: an empty commit (a commit record only)
+                with self._lock:
+                    results[i] = h.commit(txn, at=self.ts_fn(h.upper))
+                continue
+            with self._lock:
+                seen = h.cache.frontier
+            q = Queued(txn.id, seen, txn.uncertain, batch_ids, txn.to_bytes())
+            txn.uncertain = True  # from here on a sequencer may commit it: any later commit looks it up first
+            waiting.append((i, txn, q, tuple(sorted(batches))))
+        if len(waiting) > 1:
+            list(self._deleter.map(self._enqueue, [q for _, _, q, _ in waiting]))
+        elif waiting:
+            self._enqueue(waiting[0][2])
+        self.queued += len(waiting)
+        deadline = time.monotonic() + self.timeout_s
+        polls = 0
+        while waiting:
+            with self._lock:
+                try:
+                    h.cache.sync()
+                    found = [(w, self._committed(w[2])) for w in waiting]
+                    if any(ts is None for _, ts in found) and self.lease.hold():
+                        self._round()
+                        found = [(w, self._committed(w[2])) for w in waiting]
+                except ExternalError as e:  # storage trouble: try again until the deadline
+                    log.debug("waiting for %d queued transactions: %s", len(waiting), e)
+                    found = [(w, None) for w in waiting]
+            for (i, txn, _q, data_ids), ts in found:
+                if ts is not None:
+                    results[i] = TxnApply(ts, data_ids)
+                    txn.settle(results[i])
+            waiting = [w for w, ts in found if ts is None]
+            if not waiting:
+                break
+            polls += 1
+            if polls % 16 == 0:
+                for _i, txn, _q, _d in waiting:
+                    self._check_failed(txn.id)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(waiting)} transaction(s) ({waiting[0][1].id}, ...) are queued but no sequencer committed "
+                    f"them within {self.timeout_s} s; they may still commit: commit the same transactions again "
+                    f"to wait for them"
+                )
+            time.sleep(self.poll_s * min(8, 1 + polls // 4))
+        return [results[i] for i in range(len(txns))]
+
+    def _enqueue(self, q: Queued) -> None:
+        key = f"{self.prefix}pending/{q.txn_id}"
+        retry_storage(lambda: self.blob.set(key, q.encode()), self._deadline_s)
+
+    def _check_failed(self, txn_id: str) -> None:
+        """Raise GroupCommitFailed if a sequencer published a failure for ``txn_id``."""
+        key = f"{self.prefix}failed/{txn_id}"
+        try:
+            failed = self.blob.get(key)
+        except ExternalError:
+            return
+        if failed is not None:
+            self._quietly_delete(key)
+            raise GroupCommitFailed(failed.decode())
+
+    def _committed(self, q: Queued) -> int | None:
+        """``q``'s commit time if it committed below the cache's frontier, else None (exact; see the module doc)."""
+        if not q.uncertain:
+            try:
+                return self.handle.cache.committed_at(set(q.batch_ids), q.seen_upper)
+            except LookupError:
+                pass
+        return self.handle.find_commit(q.txn_id, set(q.batch_ids))
+
+    # ---- the sequencer's side ---------------------------------------------------------------
+
+    def run_round(self) -> int:
+        """Run one sequencer round if this process holds (or can take) the lease; how many it committed.
+
+        Writers run rounds themselves while they wait; this is for tests and tools.
+        """
+        with self._lock:
+            if not self.lease.hold():
+                return 0
+            return self._round()
+
+    def _round(self) -> int:
+        """List the queue, drop what committed, commit the rest in one conditional write. Under the lock."""
+        h = self.handle
+        keys = sorted(retry_storage(lambda: list(self.blob.list_keys(f"{self.prefix}pending/")), self._deadline_s))
+        listed = set(keys)
+        self._bodies = {k: v for k, v in self._bodies.items() if k in listed}
+        for k in keys:
+            if k not in self._bodies:
+                data = retry_storage(lambda k=k: self.blob.get(k), self._deadline_s)  # type: ignore[misc]
+                if data is None:
+                    continue  # (deleted meanwhile: committed by another sequencer)
+                self._bodies[k] = Queued.decode(f"queued transaction {k}", data)
+        h.cache.sync()
+        upper = h.cache.frontier
+        todo: list[tuple[str, Queued]] = []
+        for k, q in list(self._bodies.items()):
+            if self._committed(q) is not None:
+                self._delete(k)
+            else:
+                todo.append((k, q))
+        self.rounds += 1
+        if not todo:
+            return 0
+        todo = todo[:MAX_GROUP]
+        ts = max(upper, self.ts_fn(upper))
+        members: list[tuple[str, Txn]] = []
+        for k, q in todo:
+            t = Txn.from_bytes(q.txn, h)
+            gone = [d for d in t.data_ids if not h.cache.registered_at(d, ts)]
+            if gone:
+                self._fail(k, q, f"data shard(s) {', '.join(gone)} are not registered at {ts} (forgotten); "
+                                 f"transaction {q.txn_id} was not committed")
+                continue
+            t.uncertain = False  # checked just above at this upper, which the commit expects
+            if members:
+                t.drop_tidy()  # (only the base of a join may tidy; writers drop theirs anyway)
+            members.append((k, t))
+        if not members:
+            return 0
+        base = members[0][1]
+        base.join([t for _, t in members[1:]])
+        try:
+            base.commit_at(h, ts, expect_upper=upper)
+        except (TimestampUnavailable, ExternalError, NotRegistered) as e:
+            log.debug("group commit round at %d deferred: %s", ts, e)  # the next round checks again
+            return 0
+        for k, _ in members:
+            self._delete(k)
+        self.grouped += len(members)
+        return len(members)
+
+    def _fail(self, key: str, q: Queued, message: str) -> None:
+        retry_storage(lambda: self.blob.set(f"{self.prefix}failed/{q.txn_id}", message.encode()), self._deadline_s)
+        self._delete(key)
+
+    def _delete(self, key: str) -> None:
+        self._bodies.pop(key, None)
+        self._deleter.submit(self._quietly_delete, key)
+
+    def _quietly_delete(self, key: str) -> None:
+        try:
+            self.blob.delete(key)
+        except ExternalError as e:  # a later round deletes it (it is known committed then)
+            log.debug("deleting queued %s deferred: %s", key, e)
+
+
+__all__ = ["GroupCommitFailed", "GroupCommitter", "Queued", "SequencerLease", "lease_key", "queue_prefix"]
