@@ -43,12 +43,17 @@ from txns.db import (
 )
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import NotRegistered, TimestampUnavailable
+from txns.group_commit import GroupCommitFailed, GroupCommitter
 from txns.handle import DataSnapshot, TxnsHandle
+from txns.resolve.repair import BatchContext
 from txns.subscribe import DataSubscribe
 from txns.txn import Tidy, Txn, TxnApply
 
 __all__ = [
     "Abort",
+    "BatchContext",
+    "GroupCommitFailed",
+    "GroupCommitter",
     "CommitInfo",
     "Database",
     "DatabaseNotFound",

@@ -29,6 +29,7 @@ transaction read change?), ``keyed`` (primary keys), ``read_txn``
 CLI's database commands). Spark is never imported here.
 """
 
+from txns.db.batch import BatchResult
 from txns.db.catalog import TableEntry
 from txns.db.database import HISTORY_SCHEMA, Database, connect
 from txns.db.errors import (
@@ -46,6 +47,7 @@ from txns.db.table import Table
 from txns.db.transaction import CommitInfo, Transaction
 
 __all__ = [
+    "BatchResult",
     "Abort",
     "CommitInfo",
     "Database",

@@ -89,17 +89,23 @@ from txns.resolve.maintain import (
     remove_failed,
     remove_overwritten_writes,
 )
+from txns.resolve.repair import BatchContext, Execution, RepairResult, execute, repair
 from txns.resolve.rule import Resolution, sequential
 
 __all__ = [
+    "BatchContext",
+    "Execution",
+    "RepairResult",
     "Resolution",
     "Resolver",
     "dead_intents",
+    "execute",
     "maintain",
     "pairwise",
     "remove_committed_reads",
     "remove_failed",
     "remove_overwritten_writes",
+    "repair",
     "resolve",
     "resolve_additive",
     "sequential",
