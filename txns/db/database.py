@@ -86,6 +86,7 @@ from txns.db.applier import Applier
 from txns.db.batch import BatchFn, BatchResult, run_batch
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
+from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
 from txns.db.retention import RetentionHolds, check_retention
@@ -247,6 +248,8 @@ class Database:
         self.grouped_transactions = 0
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
+        #: intents submitted and resolved through this object (txns.db.intents)
+        self.intent_state = IntentState()
         schemas = self._write_system_schemas() if new else []
         # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
         self.handle = TxnsHandle.open(client, root.txns_id)
@@ -664,6 +667,55 @@ class Database:
         return run_batch(
             self, fns, executor=executor, workers=workers, isolation=isolation, metadata=metadata, **kw
         )
+
+    def submit(
+        self,
+        reads: Mapping[tuple[str, Any], Mapping[str, Any] | None] | None = None,
+        writes: Mapping[tuple[str, Any], Mapping[str, Any] | None] | None = None,
+        adds: Mapping[tuple[str, Any], Mapping[str, int | float]] | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> IntentFuture:
+        """Submit a transaction as data, to be resolved in the data plane; returns a future of its outcome.
+
+        ``reads``: ``{(table, key): row as read, or None for absent}``;
+        ``writes``: ``{(table, key): new row, or None to delete}``; ``adds``:
+        ``{(table, key): {column: delta}}``, on keyed tables. The intent is
+        durable when this returns (its commit time is ``future.epoch``); it
+        commits iff every read still matches when its epoch is resolved, in
+        id order after the earlier intents (:mod:`txns.db.intents`).
+        ``future.result()`` gives the :class:`txns.db.intents.Outcome`.
+
+        >>> import pyarrow as pa, txns
+        >>> db = txns.connect("mem://doc-submit")
+        >>> _ = db.create_table("seats", pa.schema([("seat", pa.string()), ("who", pa.string())]), primary_key=["seat"])
+        >>> a = db.submit(reads={("seats", "1A"): None}, writes={("seats", "1A"): {"seat": "1A", "who": "ann"}})
+        >>> b = db.submit(reads={("seats", "1A"): None}, writes={("seats", "1A"): {"seat": "1A", "who": "bob"}})
+        >>> a.result().committed, b.result().committed
+        (True, False)
+        >>> db.table("seats").to_arrow().to_pylist()
+        [{'seat': '1A', 'who': 'ann'}]
+        """
+        self._check_open()
+        return submit_many(self, [{"reads": reads, "writes": writes, "adds": adds}], metadata)[0]
+
+    def submit_many(
+        self, intents: Sequence[Mapping[str, Any]], *, metadata: Mapping[str, Any] | None = None
+    ) -> list[IntentFuture]:
+        """Submit several intents (dicts with ``reads`` / ``writes`` / ``adds``) in one commit; a future each."""
+        self._check_open()
+        if isinstance(intents, Mapping) or not isinstance(intents, Sequence):
+            raise InvalidUsage(f"submit_many takes a list of intents (dicts), got {type(intents).__name__}")
+        return submit_many(self, list(intents), metadata)
+
+    def resolve_intents(self) -> int:
+        """Resolve every submitted intent whose epoch has closed; how many this call resolved.
+
+        Any process may run it, any number of times, concurrently: every
+        intent gets exactly one outcome (:mod:`txns.db.intents`).
+        """
+        self._check_open()
+        return resolve_intents(self)
 
     def read(self, as_of: AsOf = None, isolation: str | None = None) -> ReadTransaction:
         """A read-only transaction: every read through it at one timestamp (``as_of``; None: the oracle's read time).

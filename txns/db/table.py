@@ -25,6 +25,7 @@ from txns.db.scan import PlanReader, check_columns, check_filter, read_changes, 
 
 if TYPE_CHECKING:
     from txns.db.database import AsOf, Database
+    from txns.db.subscribe import TableSubscription
 
 
 class Table:
@@ -105,6 +106,19 @@ class Table:
             yield from scan(reader)
 
         return pa.RecordBatchReader.from_batches(reader.out_schema, batches())
+
+    def subscribe(self, as_of: AsOf = None, until: int | None = None) -> TableSubscription:
+        """Follow this table: its contents at ``as_of`` (default: latest), then each change as it commits.
+
+        Iterating yields Arrow tables of the table's columns plus ``ts`` and
+        ``diff`` (stopping at ``until``, exclusive, if given; else waiting for
+        more); ``step(wait_s)`` returns what is available. See
+        :mod:`txns.db.subscribe`.
+        """
+        from txns.db.subscribe import TableSubscription
+
+        e, ts = self._at(as_of)
+        return TableSubscription(self.db, e, ts, until)
 
     def changes(
         self, start: int | dt.datetime, end: int | dt.datetime | None = None, *, columns: list[str] | None = None

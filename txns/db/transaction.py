@@ -467,6 +467,25 @@ class Transaction:
         rows = self._current(e, [k])[k]
         return dict(rows[0]) if rows else None
 
+    def get_many(self, table: str, keys: Sequence[object]) -> dict[Key, dict[str, Any] | None]:
+        """The rows of many keys of keyed ``table`` at once: normalized key tuple -> row dict, or None.
+
+        As :meth:`get` for each key (own writes applied, reads recorded), but
+        one filtered read fetches every committed row asked for.
+        """
+        self._check_open()
+        e = self._entry(table)
+        require_keyed(e, "get_many")
+        wanted = list(dict.fromkeys(keys_from_values(e, list(keys))))
+        cur = self._current(e, wanted)
+        return {k: (dict(cur[k][0]) if cur[k] else None) for k in wanted}
+
+    @property
+    def read_ts(self) -> int:
+        """The time this transaction reads at (taken from its isolation level's oracle on first use)."""
+        self._check_open()
+        return self._reads_at()
+
     def upsert(self, table: str, data: object) -> int:
         """Write ``data``'s rows into keyed ``table``, each replacing the row of its key (or adding it).
 

@@ -1,0 +1,218 @@
+"""Transactions resolved in the data plane, end to end through the database (issue #11): db.submit on moto S3.
+
+N submitting processes each loop: submit a batch of B intents
+(``db.submit_many``; B = 1 is one ``db.submit``), then wait for their
+outcomes (``txns.db.intents.wait_all(..., resolve=False)``). One more process
+resolves in a loop (``db.resolve_intents()``). The intents are the reference
+post's workload: 2 reads expecting absence and 2 writes, over 10,000 keys of
+one keyed table, keys drawn at random. Printed per (N, B): intents durable
+per second, intents resolved per second (outcomes recorded in the window),
+the committed fraction, and p50/p99 latency from submit to outcome.
+
+The baseline, measured in the same run with the same contention: the same
+read-then-write transactions as interactive database transactions
+(``db.run``: read both keys, write both if absent) from N processes.
+
+Run: ``.venv/bin/python benchmarks/bench_submit.py`` (about 3 minutes;
+``--quick`` for N = 1, 4 and 6 s windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import moto_server, new_bucket_url, print_table
+
+import txns
+from persist.fault_proxy import FaultPlan, FaultProxy
+from txns.db.intents import OUTCOMES, wait_all
+
+KEYS = 10_000
+SCHEMA = pa.schema([("k", pa.string()), ("v", pa.string())])
+
+
+def _intent(rng: random.Random) -> dict[str, Any]:
+    a, b = rng.sample(range(KEYS), 2)
+    ka, kb = f"k{a}", f"k{b}"
+    return {
+        "reads": {("kv", ka): None, ("kv", kb): None},
+        "writes": {("kv", ka): {"k": ka, "v": "x"}, ("kv", kb): {"k": kb, "v": "x"}},
+    }
+
+
+def _submitter(url: str, batch: int, seed: int, go: Any, stop: Any, out: Any) -> None:
+    db = txns.connect(url)
+    rng = random.Random(seed)
+    lat: list[float] = []
+    submitted = committed = 0
+    go.wait()
+    while not stop.is_set():
+        s = time.perf_counter()
+        fs = db.submit_many([_intent(rng) for _ in range(batch)])
+        submitted += len(fs)
+        try:
+            outs = wait_all(fs, timeout=60, resolve=False)
+        except TimeoutError:
+            break
+        e = time.perf_counter() - s
+        if not stop.is_set():
+            lat += [e] * len(outs)
+            committed += sum(o.committed for o in outs)
+    db.close()
+    out.put((lat, submitted, committed))
+
+
+def _resolver(url: str, go: Any, stop: Any, out: Any) -> None:
+    db = txns.connect(url)
+    steps = 0
+    go.wait()
+    while not stop.is_set():
+        if db.resolve_intents():
+            steps += 1
+        else:
+            time.sleep(0.002)
+    db.close()
+    out.put(steps)
+
+
+def _runner(url: str, seed: int, go: Any, stop: Any, out: Any) -> None:
+    """The baseline: the same read-then-write transactions through db.run."""
+    db = txns.connect(url)
+    rng = random.Random(seed)
+    lat: list[float] = []
+    go.wait()
+
+    def fn(t: txns.Transaction) -> None:
+        it = _intent(rng)
+        keys = [k for _, k in it["reads"]]
+        if all(t.get("kv", k) is None for k in keys):
+            t.upsert("kv", list(it["writes"].values()))
+
+    while not stop.is_set():
+        s = time.perf_counter()
+        try:
+            db.run(fn, max_attempts=100)
+        except txns.TransactionConflict:
+            continue
+        if not stop.is_set():
+            lat.append(time.perf_counter() - s)
+    db.close()
+    out.put(lat)
+
+
+def _fresh(endpoint: str) -> str:
+    url = new_bucket_url(endpoint)
+    db = txns.connect(url)
+    db.create_table("kv", SCHEMA, primary_key=["k"])
+    db.submit(reads={("kv", "k0"): None}).result()  # (creates the intent tables)
+    db.close()
+    return url
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return 1000 * xs[min(len(xs) - 1, int(len(xs) * p))] if xs else float("nan")
+
+
+def run_submit(endpoint: str, procs: int, batch: int, seconds: float) -> dict[str, float]:
+    url = _fresh(endpoint)
+    ctx = multiprocessing.get_context("spawn")
+    go, stop, out, rout = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    ps = [ctx.Process(target=_submitter, args=(url, batch, i, go, stop, out)) for i in range(procs)]
+    ps.append(ctx.Process(target=_resolver, args=(url, go, stop, rout)))
+    for p in ps:
+        p.start()
+    time.sleep(3.0 + 0.3 * procs)
+    db = txns.connect(url)
+    before = db.table(OUTCOMES).to_arrow().num_rows
+    go.set()
+    time.sleep(seconds)
+    after = db.table(OUTCOMES).to_arrow().num_rows
+    stop.set()
+    results = [out.get(timeout=120) for _ in range(procs)]
+    steps = rout.get(timeout=120)
+    for p in ps:
+        p.join(60)
+    db.close()
+    lat = [x for r in results for x in r[0]]
+    submitted = sum(r[1] for r in results)
+    committed = sum(r[2] for r in results)
+    return {
+        "durable/s": submitted / seconds,
+        "resolved/s": (after - before) / seconds,
+        "committed": committed / max(1, len(lat)),
+        "p50 ms": _pct(lat, 0.5),
+        "p99 ms": _pct(lat, 0.99),
+        "steps": steps,
+    }
+
+
+def run_baseline(endpoint: str, procs: int, seconds: float) -> dict[str, float]:
+    url = _fresh(endpoint)
+    ctx = multiprocessing.get_context("spawn")
+    go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    ps = [ctx.Process(target=_runner, args=(url, i, go, stop, out)) for i in range(procs)]
+    for p in ps:
+        p.start()
+    time.sleep(3.0 + 0.3 * procs)
+    go.set()
+    time.sleep(seconds)
+    stop.set()
+    lats = [out.get(timeout=120) for _ in ps]
+    for p in ps:
+        p.join(60)
+    lat = [x for xs in lats for x in xs]
+    return {"txns/s": len(lat) / seconds, "p50 ms": _pct(lat, 0.5), "p99 ms": _pct(lat, 0.99)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--procs", default="1,4,16")
+    p.add_argument("--batches", default="1,100,1000")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    procs = [int(x) for x in ("1,4" if a.quick else a.procs).split(",")]
+    batches = [int(x) for x in ("1,100" if a.quick else a.batches).split(",")]
+    seconds = 6.0 if a.quick else a.seconds
+    rows = []
+    with ExitStack() as stack:
+        endpoint = stack.enter_context(moto_server())
+        if a.latency_ms:
+            endpoint = stack.enter_context(FaultProxy(endpoint, faults=FaultPlan(latency_s=a.latency_ms / 1000))).url
+        for n in procs:
+            base = run_baseline(endpoint, n, seconds)
+            print(f"  db.run {n} procs: {base}", flush=True)
+            rows.append([n, "db.run (read, then write)", "-", f"{base['txns/s']:.1f}", f"{base['txns/s']:.1f}", "-",
+                         f"{base['p50 ms']:.0f} / {base['p99 ms']:.0f}", "1.0x"])  # fmt: skip
+            for b in batches:
+                r = run_submit(endpoint, n, b, seconds)
+                print(f"  submit {n} procs, batch {b}: {r}", flush=True)
+                ratio = r["resolved/s"] / base["txns/s"] if base["txns/s"] else float("inf")
+                rows.append([n, "db.submit + resolver", b, f"{r['durable/s']:.0f}", f"{r['resolved/s']:.0f}",
+                             f"{r['committed']:.2f}", f"{r['p50 ms']:.0f} / {r['p99 ms']:.0f}",
+                             f"{ratio:.0f}x"])  # fmt: skip
+    print_table(
+        ["procs", "path", "intents per submit", "durable/s", "resolved/s", "committed", "p50 / p99 ms",
+         "resolved vs db.run"],
+        rows,
+        title=f"the post's workload over {KEYS:,} keys, {seconds:g} s windows, moto S3"
+        + (f" + {a.latency_ms:g} ms per request" if a.latency_ms else ""),
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,573 @@
+"""Transactions resolved in the data plane, in the database: ``db.submit`` and the resolver (issue #11, part 4).
+
+A client **submits** a transaction as data: what it read (``reads``: ``(table,
+key) -> row`` as it saw it, or None for "absent"), what it writes
+(``writes``: ``(table, key) -> row``, or None to delete) and what it adds
+(``adds``: ``(table, key) -> {column: delta}``, numeric columns of an existing
+row). Nothing is checked against the tables then: the intent is appended to
+the system table ``txns_intents`` (one row: its id and a JSON body) by an
+ordinary write-only transaction, so intents from many threads share one
+conditional write (the database's group commit) and intents from many
+processes share them too once they contend (:mod:`txns.group_commit`). The
+commit time of that write is the intent's **epoch**; its id is ``(epoch,
+intent uuid)``, a total order.
+
+**Resolution** (:func:`resolve_intents`; any process, any number at once).
+One resolution step is one strict-serializable database transaction ``t``:
+
+1. read the progress row of ``txns_resolver`` (``R``: every intent with
+   epoch <= R is resolved) and take ``t``'s read time ``T``. Every intent with
+   epoch <= ``T`` is committed by then, and none can arrive later with a
+   smaller epoch (the txns upper is past ``T``): the epochs in ``(R, T]`` are
+   *closed*;
+2. read those intents (``txns_intents``' changes in ``[R + 1, T + 1)``) and,
+   through ``t``, the current rows of every key they touch (``get_many``);
+3. apply the rule of :mod:`txns.resolve` in id order: an intent commits iff
+   each of its reads equals the key's row after every earlier committed intent
+   of the step, starting from the rows at ``T``; its writes and adds then apply.
+   Plain intents go through :func:`txns.resolve.resolve` (the fixpoint, on
+   canonical JSON keys and values; proven equal to the rule); a step with adds
+   applies the same rule row by row with the deltas (an add never conflicts; a
+   later read of the key sees the sum). An intent that names a table which no
+   longer exists (or lost its primary key) rolls back with a reason;
+4. in the same ``t``: upsert or delete the final rows of the keys that
+   changed, append one row per intent to ``txns_outcomes`` (intent, epoch,
+   committed, reason) and set the progress row to ``T``; commit.
+
+**Why outcomes are exactly once and agree.** A step commits only if nothing
+it read changed since ``T`` (strict serializable: the progress row, and every
+key read, are validated). Two concurrent steps read the same progress ``R``;
+the first to commit moves it, so the second's commit fails
+(``TransactionConflict``) and it starts again from the new progress. Each
+intent's epoch lies in exactly one committed ``(R, T]``, so it gets exactly
+one outcome, and everyone reads that one. Resolution is deterministic (the
+same intents and rows give the same outcomes), so it does not matter who
+runs it. The committed intents' writes are applied in the very commit that
+records their outcome, so they are in the tables exactly once, and nothing
+they read changed between ``T`` and that commit: the intents of a step are
+serialized, in id order, at its commit time.
+
+**Learning the outcome.** ``submit`` returns an :class:`IntentFuture`;
+``result()`` runs a resolution step itself when the outcome is not known yet
+(so a lone client needs no resolver process), then reads it from
+``txns_outcomes`` (from the epoch on) unless this process resolved it. Outcomes
+are a table like any other (``db.table("txns_outcomes")``: readable, with
+history and changes); the outcome's ``ts`` is the time of the commit that
+recorded it (and applied the intent's writes).
+
+Limits: the tables an intent touches must have a primary key and columns of
+JSON types (integers, floats, strings, booleans), because intents travel as
+JSON; ``txns_intents`` keeps every intent (retention applies as to any table,
+and a resolver must run within a table's retention of its intents).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persist import InvalidUsage, backoff
+from txns.db.arrow_io import conform
+from txns.db.catalog import TableEntry
+from txns.db.errors import TableExists, TableNotFound, TransactionConflict
+from txns.db.keyed import keys_from_values, require_keyed
+from txns.resolve import resolve
+
+if TYPE_CHECKING:
+    from txns.db.database import Database
+    from txns.db.transaction import Transaction
+
+INTENTS = "txns_intents"
+OUTCOMES = "txns_outcomes"
+RESOLVER = "txns_resolver"
+INTENTS_SCHEMA = pa.schema([("intent", pa.string()), ("body", pa.string())])
+OUTCOMES_SCHEMA = pa.schema(
+    [("intent", pa.string()), ("epoch", pa.int64()), ("committed", pa.bool_()), ("reason", pa.string())]
+)
+RESOLVER_SCHEMA = pa.schema([("name", pa.string()), ("epoch", pa.int64())])
+PROGRESS = "progress"
+RESOLVE_MAX_ATTEMPTS = 100
+KNOWN_OUTCOMES = 100_000
+"""Outcomes this process resolved, kept in memory for its futures (oldest dropped first)."""
+
+Key = tuple[Any, ...]
+TableKey = tuple[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What became of a submitted intent: committed or rolled back, at ``ts`` (see the module doc)."""
+
+    intent: str
+    epoch: int
+    committed: bool
+    ts: int
+    reason: str | None = None
+
+
+class IntentState:
+    """A database object's intent bookkeeping: whether the tables exist, outcomes it resolved, its step lock."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.lock = threading.Lock()
+        self.known: OrderedDict[str, Outcome] = OrderedDict()
+        self.resolving = threading.Lock()  # one step at a time per object: concurrent ones would only conflict
+
+
+@dataclasses.dataclass
+class _Intent:
+    epoch: int
+    id: str
+    reads: list[tuple[str, Key, dict[str, Any] | None]]
+    writes: list[tuple[str, Key, dict[str, Any] | None]]
+    adds: list[tuple[str, Key, dict[str, float]]]
+
+
+def _json_type(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_boolean(t)
+    )
+
+
+def _entry(db: Database, view: Mapping[str, TableEntry], table: object, what: str) -> TableEntry:
+    if not isinstance(table, str):
+        raise InvalidUsage(f"{what}: keys are (table name, primary key) pairs; got table {table!r}")
+    e = view.get(table)
+    if _system(table):
+        raise InvalidUsage(f"{what}: {table!r} is a system table of intents; submit works on your own tables")
+    if e is None:
+        raise TableNotFound(f"{what}: no table {table!r}; tables: {sorted(n for n in view if not _system(n))}")
+    require_keyed(e, "submit")
+    bad = [f.name for f in e.schema if not _json_type(f.type)]
+    if bad:
+        raise InvalidUsage(
+            f"{what}: table {table!r} has column(s) {bad} of types intents cannot carry (they travel as JSON): "
+            f"submit works on tables of integers, floats, strings and booleans"
+        )
+    return e
+
+
+def _system(name: str) -> bool:
+    return name in (INTENTS, OUTCOMES, RESOLVER)
+
+
+def _row(e: TableEntry, key: Key, row: object, what: str) -> dict[str, Any]:
+    if not isinstance(row, Mapping):
+        raise InvalidUsage(f"{what}: the row of {e.name!r} {key!r} must be a dict of column -> value, got {row!r}")
+    out: dict[str, Any] = conform(pa.Table.from_pylist([dict(row)]), e.schema, e.name).to_pylist()[0]
+    assert e.primary_key is not None
+    if tuple(out[c] for c in e.primary_key) != key:
+        raise InvalidUsage(f"{what}: the row {out} of {e.name!r} does not have the key {key!r} it is given under")
+    return out
+
+
+def _pairs(arg: object, what: str) -> list[tuple[Any, Any]]:
+    if arg is None:
+        return []
+    if not isinstance(arg, Mapping):
+        raise InvalidUsage(f"{what} must be a dict of (table, key) -> value, got {type(arg).__name__}")
+    out = []
+    for k, v in arg.items():
+        if not (isinstance(k, tuple) and len(k) == 2):
+            raise InvalidUsage(f"{what}: each key must be a (table name, primary key) pair, got {k!r}")
+        out.append((k, v))
+    return out
+
+
+def encode(db: Database, view: Mapping[str, TableEntry], reads: object, writes: object, adds: object) -> str:
+    """The JSON body of an intent, its rows and keys normalized through the tables' schemas (``view``: the
+    catalog's tables); bad input raises."""
+    body: dict[str, list[Any]] = {"r": [], "w": [], "a": []}
+    for (table, key), row in _pairs(reads, "reads"):
+        e = _entry(db, view, table, "reads")
+        k = keys_from_values(e, [key])[0]
+        body["r"].append([table, list(k), None if row is None else _row(e, k, row, "reads")])
+    for (table, key), row in _pairs(writes, "writes"):
+        e = _entry(db, view, table, "writes")
+        k = keys_from_values(e, [key])[0]
+        body["w"].append([table, list(k), None if row is None else _row(e, k, row, "writes")])
+    for (table, key), deltas in _pairs(adds, "adds"):
+        e = _entry(db, view, table, "adds")
+        k = keys_from_values(e, [key])[0]
+        if not isinstance(deltas, Mapping) or not deltas:
+            raise InvalidUsage(f"adds: {table!r} {key!r} needs a non-empty dict of column -> delta, got {deltas!r}")
+        assert e.primary_key is not None
+        for col, d in deltas.items():
+            f = e.schema.field(col) if col in e.schema.names else None
+            if f is None or col in e.primary_key or not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)):
+                raise InvalidUsage(f"adds: {col!r} is not a numeric non-key column of {table!r}")
+            if isinstance(d, bool) or not isinstance(d, int | float):
+                raise InvalidUsage(f"adds: the delta of {table!r}.{col} must be a number, got {d!r}")
+            if pa.types.is_integer(f.type) and not isinstance(d, int):
+                raise InvalidUsage(f"adds: {table!r}.{col} is an integer column; its delta must be an int, got {d!r}")
+        body["a"].append([table, list(k), dict(deltas)])
+    if not (body["r"] or body["w"] or body["a"]):
+        raise InvalidUsage("an intent needs reads, writes or adds; this one has none")
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def _decode(epoch: int, intent: str, body: str) -> _Intent:
+    j = json.loads(body)
+    return _Intent(
+        epoch,
+        intent,
+        [(t, tuple(k), v) for t, k, v in j["r"]],
+        [(t, tuple(k), v) for t, k, v in j["w"]],
+        [(t, tuple(k), v) for t, k, v in j["a"]],
+    )
+
+
+# ---- the tables ------------------------------------------------------------------------------
+
+
+def ensure_tables(db: Database) -> None:
+    """Create the three system tables if they are missing (idempotent; racing creators are fine)."""
+    if db.intent_state.ready:
+        return
+    for _ in range(5):
+        have = set(db.tables())
+        missing = [n for n in (INTENTS, OUTCOMES, RESOLVER) if n not in have]
+        if not missing:
+            db.intent_state.ready = True
+            return
+        try:
+            with db.transaction() as t:
+                if INTENTS in missing:
+                    t.create_table(INTENTS, INTENTS_SCHEMA)
+                if OUTCOMES in missing:
+                    t.create_table(OUTCOMES, OUTCOMES_SCHEMA)
+                if RESOLVER in missing:
+                    t.create_table(RESOLVER, RESOLVER_SCHEMA, primary_key=["name"])
+        except (TableExists, TransactionConflict):
+            continue  # another process created some: look again
+    raise TransactionConflict("could not create the intent tables: other processes kept changing the catalog")
+
+
+# ---- submitting ----------------------------------------------------------------------------
+
+
+class IntentFuture:
+    """The outcome of a submitted intent, once resolved (see the module doc)."""
+
+    def __init__(self, db: Database, intent: str, epoch: int) -> None:
+        self.db = db
+        self.intent = intent
+        self.epoch = epoch
+        self._outcome: Outcome | None = None
+
+    def __repr__(self) -> str:
+        return f"IntentFuture({self.intent!r}, epoch={self.epoch}, outcome={self._outcome})"
+
+    def done(self) -> bool:
+        """Whether the outcome is known (asks this process's resolver state and the outcomes table)."""
+        if self._outcome is None:
+            self._outcome = lookup(self.db, self.intent, self.epoch)
+        return self._outcome is not None
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The outcome if known already (no request), else None."""
+        return self._outcome
+
+    def result(self, timeout: float | None = 60.0, *, resolve: bool = True) -> Outcome:
+        """The outcome: committed or rolled back, and when.
+
+        ``resolve``: run resolution steps while waiting (so no resolver process
+        is needed); False waits for another one to resolve. ``TimeoutError``
+        if it is not known within ``timeout`` seconds (None: wait forever).
+        """
+        return wait_all([self], timeout, resolve=resolve)[0]
+
+
+def wait_all(futures: list[IntentFuture], timeout: float | None = 60.0, *, resolve: bool = True) -> list[Outcome]:
+    """The outcomes of ``futures`` (of one database), waiting as :meth:`IntentFuture.result` does.
+
+    One read of the outcomes table per poll serves all of them.
+    """
+    if not futures:
+        return []
+    db = futures[0].db
+    deadline = None if timeout is None else time.monotonic() + timeout
+    attempt = 0
+    while True:
+        pending = [f for f in futures if f._outcome is None]
+        if not pending:
+            break
+        for f, o in zip(pending, lookup_many(db, [(f.intent, f.epoch) for f in pending]), strict=True):
+            f._outcome = o
+        if all(f._outcome is not None for f in pending):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            missing = [f.intent for f in futures if f._outcome is None]
+            raise TimeoutError(f"{len(missing)} intent(s) ({missing[0]}, ...) have no outcome after {timeout} s")
+        if resolve and resolve_intents(db):
+            continue
+        attempt += 1
+        backoff(attempt, cap_s=0.05, base_s=0.001)
+    return [f._outcome for f in futures if f._outcome is not None]
+
+
+def submit_many(
+    db: Database, intents: list[Mapping[str, Any]], metadata: Mapping[str, Any] | None
+) -> list[IntentFuture]:
+    """Submit several intents (each a dict with ``reads``/``writes``/``adds``) in one commit."""
+    ensure_tables(db)
+    for i, it in enumerate(intents):
+        if not isinstance(it, Mapping) or set(it) - {"reads", "writes", "adds"}:
+            raise InvalidUsage(f"intent {i} must be a dict with keys among reads, writes, adds; got {it!r}")
+    latest = db.cached_latest()
+    try:  # (the catalog as this process last saw it: no request; a table it has not seen yet: look again)
+        view = db.catalog(latest if latest is not None else db.latest()).tables
+        bodies = [encode(db, view, it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
+    except TableNotFound:
+        view = db.catalog(db.latest()).tables
+        bodies = [encode(db, view, it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
+    rows = [{"intent": uuid.uuid4().hex, "body": body} for body in bodies]
+    if not rows:
+        return []
+    with db.transaction(metadata=metadata) as t:
+        t.insert(INTENTS, rows)
+    info = t.commit_info
+    assert info is not None and info.ts is not None
+    epoch = info.ts
+    return [IntentFuture(db, r["intent"], epoch) for r in rows]
+
+
+# ---- resolving -------------------------------------------------------------------------------
+
+
+def lookup(db: Database, intent: str, epoch: int) -> Outcome | None:
+    """The outcome of ``intent`` (submitted at ``epoch``) if it is resolved, else None."""
+    return lookup_many(db, [(intent, epoch)])[0]
+
+
+def lookup_many(db: Database, asked: list[tuple[str, int]]) -> list[Outcome | None]:
+    """The outcomes of ``(intent, epoch)`` pairs that are resolved (None for the others).
+
+    This process's own resolutions first; the rest with one read of the
+    outcomes table's changes from the smallest epoch on (an outcome commits
+    after its epoch).
+    """
+    st = db.intent_state
+    with st.lock:
+        out: list[Outcome | None] = [st.known.get(i) for i, _ in asked]
+    rest = [(n, i, e) for n, (i, e) in enumerate(asked) if out[n] is None]
+    if not rest:
+        return out
+    ch = db.table(OUTCOMES).changes(min(e for _, _, e in rest) + 1)
+    ch = ch.filter(pc.and_(pc.is_in(ch.column("intent"), pa.array([i for _, i, _ in rest], pa.string())),
+                           pc.greater(ch.column("diff"), 0)))  # fmt: skip
+    found = {r["intent"]: r for r in ch.to_pylist()}
+    for n, i, _ in rest:
+        r = found.get(i)
+        if r is not None:
+            out[n] = Outcome(i, r["epoch"], r["committed"], r["ts"], r["reason"])
+    return out
+
+
+def resolve_intents(db: Database, max_attempts: int = RESOLVE_MAX_ATTEMPTS) -> int:
+    """Resolve every closed epoch not resolved yet (one database transaction); how many intents it resolved.
+
+    Safe to run anywhere, any number of times, concurrently (see the module
+    doc): a step that loses to another one starts again from its progress.
+    """
+    ensure_tables(db)
+    st = db.intent_state
+    with st.resolving:
+        for attempt in range(1, max_attempts + 1):
+            t = db.transaction(metadata={"txns": "resolve intents"}, isolation="strict_serializable")
+            try:
+                done = _step(db, t)
+                if done is None:
+                    t.abort()
+                    return 0
+                info = t.commit()
+            except TransactionConflict:
+                t.abort()
+                backoff(attempt, cap_s=0.05, base_s=0.001)
+                continue
+            except BaseException:
+                t.abort()
+                raise
+            assert info.ts is not None
+            with st.lock:
+                for o in done:
+                    st.known[o.intent] = dataclasses.replace(o, ts=info.ts)
+                while len(st.known) > KNOWN_OUTCOMES:
+                    st.known.popitem(last=False)
+            return len(done)
+    raise TransactionConflict(f"resolving intents conflicted {max_attempts} times in a row; try again")
+
+
+def _step(db: Database, t: Transaction) -> list[Outcome] | None:
+    """Stage one resolution step in ``t`` (see the module doc); the outcomes, or None if nothing is to resolve."""
+    prog = t.get(RESOLVER, PROGRESS)
+    done_to = -1 if prog is None else int(prog["epoch"])
+    read_ts = t.read_ts
+    if read_ts <= done_to:
+        return None
+    ch = db.table(INTENTS).changes(done_to + 1, read_ts + 1)
+    ch = ch.filter(pc.greater(ch.column("diff"), 0))
+    if ch.num_rows == 0:
+        return None
+    rows = sorted(zip(ch.column("ts").to_pylist(), ch.column("intent").to_pylist(), ch.column("body").to_pylist(),
+                      strict=True))  # fmt: skip
+    intents = [_decode(ts, i, b) for ts, i, b in rows]
+    # the tables as t sees them; intents naming a table that is gone roll back
+    tables = db.catalog(read_ts).tables  # (t has no DDL: its view is the catalog at its read time)
+    usable = {n for n, e in tables.items() if e.primary_key is not None and not _system(n)}
+    keys: dict[str, set[Key]] = {}
+    for it in intents:
+        for table, k in _touched(it):
+            if table in usable:
+                keys.setdefault(table, set()).add(k)
+    base: dict[TableKey, dict[str, Any] | None] = {}
+    for table, ks in sorted(keys.items()):
+        for k, row in t.get_many(table, sorted(ks, key=repr)).items():
+            base[(table, k)] = row
+    outcomes, final = _evaluate(intents, usable, base)
+    upserts: dict[str, list[dict[str, Any]]] = {}
+    deletes: dict[str, list[Key]] = {}
+    for (table, k), row in final.items():
+        if row == base.get((table, k)):
+            continue
+        if row is None:
+            deletes.setdefault(table, []).append(k)
+        else:
+            upserts.setdefault(table, []).append(row)
+    for table, rs in sorted(upserts.items()):
+        t.upsert(table, rs)
+    for table, gone_keys in sorted(deletes.items()):
+        t.delete(table, gone_keys)
+    t.insert(OUTCOMES, [{"intent": o.intent, "epoch": o.epoch, "committed": o.committed, "reason": o.reason}
+                        for o in outcomes])  # fmt: skip
+    t.upsert(RESOLVER, [{"name": PROGRESS, "epoch": read_ts}])
+    return outcomes
+
+
+def _tables(it: _Intent) -> set[str]:
+    return {x[0] for x in it.reads} | {x[0] for x in it.writes} | {x[0] for x in it.adds}
+
+
+def _touched(it: _Intent) -> list[TableKey]:
+    return [(x[0], x[1]) for x in it.reads] + [(x[0], x[1]) for x in it.writes] + [(x[0], x[1]) for x in it.adds]
+
+
+def _evaluate(
+    intents: list[_Intent], usable: set[str], base: dict[TableKey, dict[str, Any] | None]
+) -> tuple[list[Outcome], dict[TableKey, dict[str, Any] | None]]:
+    """The rule in id order: each intent's outcome, and the final row of every key a committed one changed."""
+    gone = {it.id: sorted(_tables(it) - usable) for it in intents}
+    if not any(it.adds for it in intents):
+        return _evaluate_fixpoint(intents, gone, base)
+    state = dict(base)
+    final: dict[TableKey, dict[str, Any] | None] = {}
+    outcomes = []
+    for it in intents:
+        if gone[it.id]:
+            outcomes.append(Outcome(it.id, it.epoch, False, 0, f"table(s) {gone[it.id]} no longer exist"))
+            continue
+        if any(state.get((tb, k)) != v for tb, k, v in it.reads):
+            outcomes.append(Outcome(it.id, it.epoch, False, 0, "a read no longer matched"))
+            continue
+        for tb, k, v in it.writes:
+            state[(tb, k)] = final[(tb, k)] = v
+        for tb, k, deltas in it.adds:
+            cur = state.get((tb, k))
+            if cur is None:
+                continue  # (an add to a missing row adds nothing)
+            new = dict(cur)
+            for col, d in deltas.items():
+                new[col] = (new[col] or 0) + d
+            state[(tb, k)] = final[(tb, k)] = new
+        outcomes.append(Outcome(it.id, it.epoch, True, 0))
+    return outcomes, final
+
+
+def _canon(v: dict[str, Any] | None) -> str | None:
+    return None if v is None else json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def _evaluate_fixpoint(
+    intents: list[_Intent], gone: dict[str, list[str]], base: dict[TableKey, dict[str, Any] | None]
+) -> tuple[list[Outcome], dict[TableKey, dict[str, Any] | None]]:
+    """Plain intents through :func:`txns.resolve.resolve`: the base rows are the writes of id 0."""
+    ids, is_read, keys, vals = [], [], [], []
+    names: dict[str, TableKey] = {}
+
+    def key(tb: str, k: Key) -> str:
+        s = json.dumps([tb, list(k)], separators=(",", ":"))
+        names[s] = (tb, k)
+        return s
+
+    for (tb, k), row in base.items():
+        if row is not None:
+            ids.append(0)
+            is_read.append(False)
+            keys.append(key(tb, k))
+            vals.append(_canon(row))
+    live = []
+    for n, it in enumerate(intents, start=1):
+        if gone[it.id]:
+            continue
+        live.append(n)
+        for tb, k, v in it.reads:
+            ids.append(n)
+            is_read.append(True)
+            keys.append(key(tb, k))
+            vals.append(_canon(v))
+        for tb, k, v in it.writes:
+            ids.append(n)
+            is_read.append(False)
+            keys.append(key(tb, k))
+            vals.append(_canon(v))
+    relation = pa.table(
+        {"id": pa.array(ids, pa.int64()), "is_read": pa.array(is_read, pa.bool_()),
+         "key": pa.array(keys, pa.string()), "val": pa.array(vals, pa.string())}
+    )  # fmt: skip
+    res = resolve(relation)
+    rolled = set(res.rollback.column("id").to_pylist())
+    outcomes = []
+    for n, it in enumerate(intents, start=1):
+        if gone[it.id]:
+            outcomes.append(Outcome(it.id, it.epoch, False, 0, f"table(s) {gone[it.id]} no longer exist"))
+        elif n in rolled:
+            outcomes.append(Outcome(it.id, it.epoch, False, 0, "a read no longer matched"))
+        else:
+            outcomes.append(Outcome(it.id, it.epoch, True, 0))
+    store = {r["key"]: r["val"] for r in res.store.to_pylist()}
+    final: dict[TableKey, dict[str, Any] | None] = {}
+    written = {keys[i] for i in range(len(ids)) if ids[i] > 0 and not is_read[i] and ids[i] not in rolled}
+    for name in written:
+        v = store.get(name)
+        final[names[name]] = None if v is None else json.loads(v)
+    return outcomes, final
+
+
+__all__ = [
+    "INTENTS",
+    "OUTCOMES",
+    "RESOLVER",
+    "IntentFuture",
+    "Outcome",
+    "ensure_tables",
+    "lookup",
+    "lookup_many",
+    "resolve_intents",
+    "submit_many",
+    "wait_all",
+]
