@@ -19,8 +19,10 @@ through a **queue** when there is contention:
 3. **Sequence.** One process at a time is the sequencer: it holds a lease,
    the consensus key ``{txns_id}-sequencer``, taken by a compare-and-set when
    absent, released or lapsed (``lease_ms`` after its last renewal, which the
-   holder makes every half lease while it works). Any waiting writer whose
-   sequencer's lease lapsed takes over. A round of the sequencer lists the
+   holder makes every half lease while it works). A sequencer releases the
+   lease as soon as its own transactions are committed; waiting writers read
+   the lease every fourth poll and take it when it is free or lapsed (a killed
+   sequencer is replaced within ``lease_ms``). A round of the sequencer lists the
    queue, reads the new objects, reads the txns shard (upper ``U``), drops
    what already committed, and commits everything else in **one**
    conditional write at ``ts_fn(U)`` expecting the upper ``U``; then deletes
@@ -167,14 +169,19 @@ class SequencerLease:
     def held(self) -> bool:
         return self._seqno is not None and self._now_ms() < self._expires_ms
 
-    def hold(self) -> bool:
-        """Take or renew the lease if possible; whether we hold it now."""
+    def hold(self, fresh: bool = False) -> bool:
+        """Take or renew the lease if possible; whether we hold it now.
+
+        Another holder's expiry, once read, is trusted until it passes (no
+        request) unless ``fresh``: then the lease is read again (it may have
+        been released early).
+        """
         now = self._now_ms()
         if self._seqno is not None and now < self._expires_ms - self.lease_ms // 2:
             return True
         if self._seqno is not None and now < self._expires_ms:
             return self._write(self._seqno, now + self.lease_ms)
-        if now < self._other_expires_ms:
+        if now < self._other_expires_ms and not fresh:
             return False
         try:
             head = self.consensus.head(self.key)
@@ -335,7 +342,7 @@ class GroupCommitter:
                 try:
                     h.cache.sync()
                     found = [(w, self._committed(w[2])) for w in waiting]
-                    if any(ts is None for _, ts in found) and self.lease.hold():
+                    if any(ts is None for _, ts in found) and self.lease.hold(fresh=polls % 4 == 3):
                         self._round()
                         found = [(w, self._committed(w[2])) for w in waiting]
                 except ExternalError as e:  # storage trouble: try again until the deadline
@@ -347,6 +354,12 @@ class GroupCommitter:
                     txn.settle(results[i])
             waiting = [w for w, ts in found if ts is None]
             if not waiting:
+                # Our transactions are in: hand the lease on now (those still
+                # waiting read it every few polls), rather than make them wait
+                # for it to lapse while we do other things.
+                with self._lock:
+                    if self.lease.held:
+                        self.lease.release()
                 break
             polls += 1
             if polls % 16 == 0:

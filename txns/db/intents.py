@@ -165,10 +165,39 @@ def _system(name: str) -> bool:
     return name in (INTENTS, OUTCOMES, RESOLVER)
 
 
+def _plain(t: pa.DataType, v: object) -> bool:
+    """Whether ``v`` is already exactly what Arrow gives back for type ``t`` (the fast path; else conform)."""
+    if v is None or isinstance(v, bool):
+        return v is None or bool(pa.types.is_boolean(t))
+    if isinstance(v, int):
+        return bool(pa.types.is_int64(t)) and -(2**63) <= v < 2**63
+    if isinstance(v, float):
+        return bool(pa.types.is_float64(t))
+    return isinstance(v, str) and bool(pa.types.is_string(t))
+
+
+def _key(e: TableEntry, key: object) -> Key:
+    """``key`` normalized through the table's key columns (plain values pass as they are)."""
+    assert e.primary_key is not None
+    t = key if isinstance(key, tuple) else (key,)
+    if len(t) == len(e.primary_key) and all(
+        v is not None and _plain(e.schema.field(c).type, v) for c, v in zip(e.primary_key, t, strict=True)
+    ):
+        return t
+    return keys_from_values(e, [key])[0]
+
+
 def _row(e: TableEntry, key: Key, row: object, what: str) -> dict[str, Any]:
     if not isinstance(row, Mapping):
         raise InvalidUsage(f"{what}: the row of {e.name!r} {key!r} must be a dict of column -> value, got {row!r}")
-    out: dict[str, Any] = conform(pa.Table.from_pylist([dict(row)]), e.schema, e.name).to_pylist()[0]
+    names = e.schema.names
+    if len(row) == len(names) and all(
+        n in row and _plain(f.type, row[n]) and (f.nullable or row[n] is not None)
+        for n, f in zip(names, e.schema, strict=True)
+    ):
+        out = {n: row[n] for n in names}
+    else:
+        out = conform(pa.Table.from_pylist([dict(row)]), e.schema, e.name).to_pylist()[0]
     assert e.primary_key is not None
     if tuple(out[c] for c in e.primary_key) != key:
         raise InvalidUsage(f"{what}: the row {out} of {e.name!r} does not have the key {key!r} it is given under")
@@ -194,15 +223,15 @@ def encode(db: Database, view: Mapping[str, TableEntry], reads: object, writes: 
     body: dict[str, list[Any]] = {"r": [], "w": [], "a": []}
     for (table, key), row in _pairs(reads, "reads"):
         e = _entry(db, view, table, "reads")
-        k = keys_from_values(e, [key])[0]
+        k = _key(e, key)
         body["r"].append([table, list(k), None if row is None else _row(e, k, row, "reads")])
     for (table, key), row in _pairs(writes, "writes"):
         e = _entry(db, view, table, "writes")
-        k = keys_from_values(e, [key])[0]
+        k = _key(e, key)
         body["w"].append([table, list(k), None if row is None else _row(e, k, row, "writes")])
     for (table, key), deltas in _pairs(adds, "adds"):
         e = _entry(db, view, table, "adds")
-        k = keys_from_values(e, [key])[0]
+        k = _key(e, key)
         if not isinstance(deltas, Mapping) or not deltas:
             raise InvalidUsage(f"adds: {table!r} {key!r} needs a non-empty dict of column -> delta, got {deltas!r}")
         assert e.primary_key is not None
@@ -498,20 +527,30 @@ def _evaluate(
     return outcomes, final
 
 
-def _canon(v: dict[str, Any] | None) -> str | None:
-    return None if v is None else json.dumps(v, sort_keys=True, separators=(",", ":"))
-
-
 def _evaluate_fixpoint(
     intents: list[_Intent], gone: dict[str, list[str]], base: dict[TableKey, dict[str, Any] | None]
 ) -> tuple[list[Outcome], dict[TableKey, dict[str, Any] | None]]:
-    """Plain intents through :func:`txns.resolve.resolve`: the base rows are the writes of id 0."""
+    """Plain intents through :func:`txns.resolve.resolve`: the base rows are the writes of id 0.
+
+    Keys and rows become canonical strings (``repr`` of the key, and of the
+    row's sorted items: rows hold only JSON-typed values, and both the stored
+    intents and the rows read come back as the same Python types, so equal
+    rows give equal strings).
+    """
     ids, is_read, keys, vals = [], [], [], []
     names: dict[str, TableKey] = {}
+    rows: dict[str, dict[str, Any]] = {}
 
     def key(tb: str, k: Key) -> str:
-        s = json.dumps([tb, list(k)], separators=(",", ":"))
+        s = repr((tb, k))
         names[s] = (tb, k)
+        return s
+
+    def canon(v: dict[str, Any] | None) -> str | None:
+        if v is None:
+            return None
+        s = repr(sorted(v.items()))
+        rows[s] = v
         return s
 
     for (tb, k), row in base.items():
@@ -519,22 +558,20 @@ def _evaluate_fixpoint(
             ids.append(0)
             is_read.append(False)
             keys.append(key(tb, k))
-            vals.append(_canon(row))
-    live = []
+            vals.append(canon(row))
     for n, it in enumerate(intents, start=1):
         if gone[it.id]:
             continue
-        live.append(n)
         for tb, k, v in it.reads:
             ids.append(n)
             is_read.append(True)
             keys.append(key(tb, k))
-            vals.append(_canon(v))
+            vals.append(canon(v))
         for tb, k, v in it.writes:
             ids.append(n)
             is_read.append(False)
             keys.append(key(tb, k))
-            vals.append(_canon(v))
+            vals.append(canon(v))
     relation = pa.table(
         {"id": pa.array(ids, pa.int64()), "is_read": pa.array(is_read, pa.bool_()),
          "key": pa.array(keys, pa.string()), "val": pa.array(vals, pa.string())}
@@ -554,7 +591,7 @@ def _evaluate_fixpoint(
     written = {keys[i] for i in range(len(ids)) if ids[i] > 0 and not is_read[i] and ids[i] not in rolled}
     for name in written:
         v = store.get(name)
-        final[names[name]] = None if v is None else json.loads(v)
+        final[names[name]] = None if v is None else rows[v]
     return outcomes, final
 
 
