@@ -15,7 +15,9 @@ column, delta)``. A function must be deterministic in what it reads through
    the default) or a process pool (``"processes"``: the functions must be
    picklable, e.g. module-level functions, ``functools.partial`` of them or
    instances of module-level classes; the workers, started with ``spawn``,
-   open the database by its URL, so not a ``mem://`` one). Each run records
+   open the database by its URL, so not a ``mem://`` one), or as a Spark
+   job (``"spark"``: see :mod:`txns.spark.batch`; functions cloudpickled,
+   so closures work too; a URL the executors can open). Each run records
    its reads and writes (:func:`txns.resolve.repair.execute`). A failing run
    (any exception but an abort) is only noted: the function runs again in
    phase 2, where its error counts.
@@ -41,6 +43,7 @@ Executions: ``n`` in phase 1 plus the repairs of every attempt
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import multiprocessing
 import os
 import pickle
@@ -60,13 +63,15 @@ from txns.db.root import read_root
 from txns.resolve.repair import DELETE, BatchContext, Execution, Key, RepairResult, Row, Write, execute, repair
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from txns.db.database import Database
     from txns.db.transaction import CommitInfo, Transaction
 
 BATCH_MAX_ATTEMPTS = 16
 """Transactions a batch tries (each repairing what changed) before it gives up on conflicts."""
 BATCH_BACKOFF_CAP_S = 0.2
-EXECUTORS = ("threads", "processes", None)
+EXECUTORS = ("threads", "processes", "spark", None)
 
 BatchFn = Callable[[BatchContext], Any]
 
@@ -174,26 +179,47 @@ def _run_snapshot(fn: BatchFn, read: _SnapshotReader, tables: _Tables) -> Execut
     )
 
 
-# ---- process workers ---------------------------------------------------------------------------------
+# ---- workers: processes and Spark executors ----------------------------------------------------------
 
-_WORKER: dict[str, Any] = {}
+
+class SnapshotWorker:
+    """The snapshot at ``ts`` of the database at ``url``, opened in a worker (a pool process, a Spark executor).
+
+    Opens its own client by URL (``cls``: the database class), reads the
+    catalog and point-reads at ``ts`` only; :meth:`run` runs one function
+    against the snapshot (a capturing :func:`txns.resolve.repair.execute`).
+    Used by ``executor="processes"`` (one per pool process) and by
+    :mod:`txns.spark.batch` (one per Spark partition).
+    """
+
+    def __init__(self, cls: type[Database], url: str, ts: int) -> None:
+        client = PersistClient.open(url)
+        root = read_root(client)
+        if root is None:
+            raise DatabaseNotFound(f"a batch worker found no database at the URL it was given ({client.url!r})")
+        self.db = cls(client, root, url)
+        self._read = _SnapshotReader(self.db, ts)
+        self._tables = _Tables(self.db, ts)
+
+    def run(self, fn: BatchFn) -> Execution:
+        """One run of ``fn`` against the snapshot, recorded (an exception other than an abort too)."""
+        return _run_snapshot(fn, self._read, self._tables)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+_WORKER: dict[str, SnapshotWorker] = {}
 
 
 def _worker_init(cls: type[Database], url: str, ts: int) -> None:
     """A pool worker opens the database (its own client) and fixes the snapshot."""
-    client = PersistClient.open(url)
-    root = read_root(client)
-    if root is None:
-        raise DatabaseNotFound(f"a batch worker found no database at the URL it was given ({client.url!r})")
-    db = cls(client, root, url)
-    _WORKER["db"] = db
-    _WORKER["read"] = _SnapshotReader(db, ts)
-    _WORKER["tables"] = _Tables(db, ts)
+    _WORKER["w"] = SnapshotWorker(cls, url, ts)
 
 
 def _worker_run(pickled: bytes) -> Execution:
     fn = pickle.loads(pickled)
-    return _run_snapshot(fn, _WORKER["read"], _WORKER["tables"])
+    return _WORKER["w"].run(fn)
 
 
 def _pickled(fns: Sequence[BatchFn]) -> list[bytes]:
@@ -214,7 +240,7 @@ def _pickled(fns: Sequence[BatchFn]) -> list[bytes]:
 
 
 def _check(
-    db: Database, fns: object, executor: object, workers: object, max_attempts: object
+    db: Database, fns: object, executor: object, workers: object, max_attempts: object, spark: object = None
 ) -> list[BatchFn]:
     if isinstance(fns, (str, bytes, Mapping)) or not isinstance(fns, Sequence):
         raise InvalidUsage(f"run_batch takes a list of functions fn(ctx), got {type(fns).__name__}")
@@ -225,25 +251,37 @@ def _check(
             f"(the first is {type(fns[bad[0]]).__name__} {fns[bad[0]]!r})"
         )
     if executor not in EXECUTORS:
-        raise InvalidUsage(f"executor must be 'threads', 'processes' or None, got {executor!r}")
+        raise InvalidUsage(f"executor must be 'threads', 'processes', 'spark' or None, got {executor!r}")
+    if spark is not None and executor != "spark":
+        raise InvalidUsage(f"spark= is for executor='spark' only (executor is {executor!r})")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise InvalidUsage(f"workers must be a positive int or None, got {workers!r}")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise InvalidUsage(f"max_attempts must be a positive int, got {max_attempts!r}")
-    if executor == "processes" and db._url.lower().startswith("mem://"):
+    if executor in ("processes", "spark") and db._url.lower().startswith("mem://"):
+        where = "other processes" if executor == "processes" else "Spark executors (other processes)"
         raise InvalidUsage(
-            f"run_batch(executor='processes') needs a database other processes can open; {db.url!r} is in "
+            f"run_batch(executor={executor!r}) needs a database {where} can open; {db.url!r} is in "
             f"this process's memory: use executor='threads', or a file:// or s3:// database"
         )
     return list(fns)
 
 
 def _speculate(
-    db: Database, fns: list[BatchFn], executor: str, workers: int | None, isolation: str | None
+    db: Database,
+    fns: list[BatchFn],
+    executor: str,
+    workers: int | None,
+    isolation: str | None,
+    spark: SparkSession | None = None,
 ) -> list[Execution]:
     """Phase 1: every function once, in parallel, against one snapshot."""
     with db.read(isolation=isolation) as r:
         ts = r.ts
+    if executor == "spark":
+        # (reached by name, only here: the database layer does not import txns.spark or pyspark)
+        on_spark: Callable[..., list[Execution]] = importlib.import_module("txns.spark.batch").run_speculative
+        return on_spark(spark, type(db), db._url, ts, fns, partitions=workers)
     if executor == "threads":
         read = _SnapshotReader(db, ts)
         tables = _Tables(db, ts)
@@ -284,13 +322,17 @@ def run_batch(
     isolation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     max_attempts: int = BATCH_MAX_ATTEMPTS,
+    spark: SparkSession | None = None,
 ) -> BatchResult:
     """Run ``fns`` as if one by one in list order, in parallel, and commit their writes in one transaction.
 
     See the module doc. ``executor``: ``"threads"`` (default),
-    ``"processes"`` (picklable functions; not for ``mem://``) or None (no
+    ``"processes"`` (picklable functions; not for ``mem://``), ``"spark"``
+    (the parallel phase as a Spark job on ``spark``, default the active
+    session: see :mod:`txns.spark.batch`; not for ``mem://``) or None (no
     parallel phase: each function runs in order inside the transaction).
-    ``workers``: the pool's size. ``isolation`` / ``metadata``: those of the
+    ``workers``: the pool's size (for Spark: the number of partitions,
+    default the context's default parallelism). ``isolation`` / ``metadata``: those of the
     transaction (``db.transaction``). An ``Abort`` drops its function only;
     any other exception from a function propagates, and nothing is committed.
 
@@ -306,7 +348,7 @@ def run_batch(
     ([{'k': 'a', 'v': 3}], ['committed', 'committed', 'committed'], 5, 2)
     """
     db._check_open()
-    todo = _check(db, fns, executor, workers, max_attempts)
+    todo = _check(db, fns, executor, workers, max_attempts, spark)
     n = len(todo)
     if n == 0:
         return BatchResult(None, [], {}, [], 0, 0, 0.0, 0, [], [])
@@ -314,7 +356,7 @@ def run_batch(
     execs = [0] * n
     reps = [0] * n
     if executor is not None:
-        spec = _speculate(db, todo, executor, workers, isolation)
+        spec = _speculate(db, todo, executor, workers, isolation, spark)
         execs = [1] * n
     last: TransactionConflict | None = None
     for attempt in range(1, max_attempts + 1):
@@ -374,4 +416,4 @@ def _count(res: RepairResult, spec: Sequence[Execution | None] | None, execs: li
         reps[i] += r
 
 
-__all__ = ["BATCH_MAX_ATTEMPTS", "BatchResult", "run_batch"]
+__all__ = ["BATCH_MAX_ATTEMPTS", "BatchResult", "SnapshotWorker", "run_batch"]

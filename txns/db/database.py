@@ -99,6 +99,8 @@ from txns.handle import TxnsHandle
 from txns.txn import Txn
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from txns.db.read_txn import ReadTransaction
     from txns.db.table import Table
     from txns.db.transaction import CommitInfo, Transaction
@@ -644,6 +646,7 @@ class Database:
         isolation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         max_attempts: int | None = None,
+        spark: SparkSession | None = None,
     ) -> BatchResult:
         """Run functions of a ``BatchContext`` in parallel, repaired to equal running them one by one in
         list order, and commit their writes as one transaction (:func:`txns.db.batch.run_batch`).
@@ -652,6 +655,9 @@ class Database:
         ``ctx.put`` / ``ctx.delete`` / ``ctx.add`` and may run more than once;
         ``txns.Abort`` drops just that function. The result says each one's
         outcome, and how many executions and repairs it took.
+        ``executor``: ``"threads"``, ``"processes"``, ``"spark"`` (the
+        parallel phase as a Spark job on ``spark``, default the active
+        session) or None (no parallel phase).
 
         >>> import pyarrow as pa, txns
         >>> db = txns.connect("mem://doc-db-run-batch")
@@ -664,6 +670,8 @@ class Database:
         (['committed', 'committed', 'committed'], 2, [{'k': 'a', 'v': 3}])
         """
         kw: dict[str, Any] = {} if max_attempts is None else {"max_attempts": max_attempts}
+        if spark is not None:
+            kw["spark"] = spark
         return run_batch(
             self, fns, executor=executor, workers=workers, isolation=isolation, metadata=metadata, **kw
         )

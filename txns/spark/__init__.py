@@ -37,8 +37,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from txns.spark._common import check_url
+from txns.spark.batch import run_batch
 from txns.spark.compaction import CompactionResult, compact
 from txns.spark.read import snapshot
+from txns.spark.resolve import SparkResolution, resolve
 from txns.spark.source import TxnsDataSource
 from txns.spark.write import write_batch, write_dataframe
 
@@ -76,10 +78,13 @@ def register(spark: SparkSession) -> None:
 
 __all__ = [
     "CompactionResult",
+    "SparkResolution",
     "TxnsDataSource",
     "check_url",
     "compact",
     "register",
+    "resolve",
+    "run_batch",
     "session",
     "snapshot",
     "write_batch",
