@@ -54,7 +54,8 @@ PAYLOAD = "x" * 100
 
 
 def _worker(
-    url: str, txns_id: str, data_id: str, mode: str, threads: int, go: Any, stop: Any, out: Any, worker: int
+    url: str, txns_id: str, data_id: str, mode: str, threads: int, ready: Any, go: Any, stop: Any, out: Any,
+    worker: int,
 ) -> None:
     client = PersistClient.open(url)
     handles = [TxnsHandle.open(client, txns_id) for _ in range(threads if mode == "direct" else 1)]
@@ -64,6 +65,7 @@ def _worker(
     group = GroupCommitter(handles[0]) if mode == "group" else None
     latencies: list[list[float]] = [[] for _ in range(threads)]
     errors = [0] * threads
+    ready.put(worker)
 
     def run(t: int) -> None:
         h = handles[t] if mode == "direct" else handles[0]
@@ -108,13 +110,16 @@ def run_case(url: str, mode: str, procs: int, threads: int, seconds: float) -> d
     ds = [str(ShardId.new()) for _ in range(procs)]
     admin.register(admin.upper, dict.fromkeys(ds, SCHEMA))
     ctx = multiprocessing.get_context("spawn")
-    go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    go, stop, out, ready = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     ps = [
-        ctx.Process(target=_worker, args=(url, txns_id, ds[i], mode, threads, go, stop, out, i)) for i in range(procs)
+        ctx.Process(target=_worker, args=(url, txns_id, ds[i], mode, threads, ready, go, stop, out, i))
+        for i in range(procs)
     ]
     for p in ps:
         p.start()
-    time.sleep(3.0 + 0.4 * procs)  # (spawned interpreters import and open their handles)
+    for _ in ps:  # (spawned interpreters import and open their handles: start the clock when all are ready)
+        ready.get(timeout=300)
+    time.sleep(0.5)
     v0 = client.consensus.head(txns_id)
     go.set()
     time.sleep(seconds)

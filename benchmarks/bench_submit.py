@@ -52,8 +52,10 @@ def _intent(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _submitter(url: str, batch: int, seed: int, go: Any, stop: Any, out: Any) -> None:
+def _submitter(url: str, batch: int, seed: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
     db = txns.connect(url)
+    db.table("kv").to_arrow()  # (warm: the catalog and the table's state)
+    ready.put(seed)
     rng = random.Random(seed)
     lat: list[float] = []
     submitted = committed = 0
@@ -74,8 +76,10 @@ def _submitter(url: str, batch: int, seed: int, go: Any, stop: Any, out: Any) ->
     out.put((lat, submitted, committed))
 
 
-def _resolver(url: str, go: Any, stop: Any, out: Any) -> None:
+def _resolver(url: str, ready: Any, go: Any, stop: Any, out: Any) -> None:
     db = txns.connect(url)
+    db.resolve_intents()
+    ready.put(-1)
     steps = 0
     go.wait()
     while not stop.is_set():
@@ -87,9 +91,11 @@ def _resolver(url: str, go: Any, stop: Any, out: Any) -> None:
     out.put(steps)
 
 
-def _runner(url: str, seed: int, go: Any, stop: Any, out: Any) -> None:
+def _runner(url: str, seed: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
     """The baseline: the same read-then-write transactions through db.run."""
     db = txns.connect(url)
+    db.table("kv").to_arrow()
+    ready.put(seed)
     rng = random.Random(seed)
     lat: list[float] = []
     go.wait()
@@ -129,12 +135,13 @@ def _pct(xs: list[float], p: float) -> float:
 def run_submit(endpoint: str, procs: int, batch: int, seconds: float) -> dict[str, float]:
     url = _fresh(endpoint)
     ctx = multiprocessing.get_context("spawn")
-    go, stop, out, rout = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
-    ps = [ctx.Process(target=_submitter, args=(url, batch, i, go, stop, out)) for i in range(procs)]
-    ps.append(ctx.Process(target=_resolver, args=(url, go, stop, rout)))
+    go, stop, out, rout, ready = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    ps = [ctx.Process(target=_submitter, args=(url, batch, i, ready, go, stop, out)) for i in range(procs)]
+    ps.append(ctx.Process(target=_resolver, args=(url, ready, go, stop, rout)))
     for p in ps:
         p.start()
-    time.sleep(3.0 + 0.3 * procs)
+    for _ in ps:  # (start the clock once every process has imported and opened the database)
+        ready.get(timeout=300)
     db = txns.connect(url)
     before = db.table(OUTCOMES).to_arrow().num_rows
     go.set()
@@ -162,11 +169,12 @@ def run_submit(endpoint: str, procs: int, batch: int, seconds: float) -> dict[st
 def run_baseline(endpoint: str, procs: int, seconds: float) -> dict[str, float]:
     url = _fresh(endpoint)
     ctx = multiprocessing.get_context("spawn")
-    go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-    ps = [ctx.Process(target=_runner, args=(url, i, go, stop, out)) for i in range(procs)]
+    go, stop, out, ready = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    ps = [ctx.Process(target=_runner, args=(url, i, ready, go, stop, out)) for i in range(procs)]
     for p in ps:
         p.start()
-    time.sleep(3.0 + 0.3 * procs)
+    for _ in ps:
+        ready.get(timeout=300)
     go.set()
     time.sleep(seconds)
     stop.set()
