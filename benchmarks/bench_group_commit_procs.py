@@ -8,7 +8,8 @@ fixed window, in two modes measured in the same run on the same endpoint:
   compare-and-append; a lost race retries at the upper it was told);
 - ``group``: each process has one ``GroupCommitter`` shared by its threads:
   direct while uncontended, else the queue, whose sequencer (one process at a
-  time) commits everything queued in one conditional write.
+  time) commits everything queued in one conditional write;
+- ``queue``: the same with ``direct=False``: every transaction through the queue.
 
 Printed per (mode, N, T): transactions/s, p50/p99 commit latency, how many
 transactions shared each version of the txns shard (versions written during
@@ -62,7 +63,7 @@ def _worker(
     for h in handles:
         h.maintain_on_commit = False  # (maintenance is the same in both modes: leave it out of the window)
         h.data_writer(data_id)
-    group = GroupCommitter(handles[0]) if mode == "group" else None
+    group = GroupCommitter(handles[0], direct=mode == "group") if mode in ("group", "queue") else None
     latencies: list[list[float]] = [[] for _ in range(threads)]
     errors = [0] * threads
     ready.put(worker)
@@ -164,7 +165,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--cas-per-key-s", type=int, default=None)
-    p.add_argument("--modes", default="direct,group")
+    p.add_argument("--modes", default="direct,group,queue")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
     procs = [int(x) for x in ("1,4" if a.quick else a.procs).split(",")]

@@ -8,7 +8,9 @@ through a **queue** when there is contention:
 
 1. **Direct first.** ``commit(txn)`` first tries today's path: one
    compare-and-append at the upper. Uncontended, that is all it costs. A lost
-   race switches this committer to the queue for ``contended_s``.
+   race, or a direct commit slower than ``slow_s`` (storage throttling the
+   key, as S3 does past a few conditional writes per second), switches this
+   committer to the queue for ``contended_s``.
 2. **Enqueue.** The transaction's batches are written (as for any commit) and
    the transaction goes, as bytes (``Txn.to_bytes``), into a uniquely named
    object ``{txns_id}/queue/pending/{txn_id}``: a plain PUT that contends with
@@ -19,10 +21,11 @@ through a **queue** when there is contention:
 3. **Sequence.** One process at a time is the sequencer: it holds a lease,
    the consensus key ``{txns_id}-sequencer``, taken by a compare-and-set when
    absent, released or lapsed (``lease_ms`` after its last renewal, which the
-   holder makes every half lease while it works). A sequencer releases the
-   lease as soon as its own transactions are committed; waiting writers read
-   the lease every fourth poll and take it when it is free or lapsed (a killed
-   sequencer is replaced within ``lease_ms``). A round of the sequencer lists the
+   holder makes every half lease while it works). The writer that takes the
+   lease runs a round, then a background thread of its process keeps running
+   rounds while the queue has work and releases the lease when a round finds
+   it empty; waiting writers read the lease every other poll and take it when
+   it is free or lapsed (a killed sequencer is replaced within ``lease_ms``). A round of the sequencer lists the
    queue, reads the new objects, reads the txns shard (upper ``U``), drops
    what already committed, and commits everything else in **one**
    conditional write at ``ts_fn(U)`` expecting the upper ``U``; then deletes
@@ -236,6 +239,7 @@ class GroupCommitter:
         lease_ms: int = 2000,
         poll_s: float = 0.005,
         contended_s: float = 1.0,
+        slow_s: float = 0.25,
         timeout_s: float = 60.0,
     ) -> None:
         if lease_ms < 100:
@@ -245,12 +249,16 @@ class GroupCommitter:
         self.direct = direct
         self.poll_s = poll_s
         self.contended_s = contended_s
+        self.slow_s = slow_s
         self.timeout_s = timeout_s
         self.lease = SequencerLease(handle, lease_ms)
         self.blob = handle.client.blob
         self.prefix = queue_prefix(handle.txns_id)
         self._lock = threading.RLock()
         self._contended_until = 0.0
+        self._synced_at = 0.0  # when a waiting writer last read the txns shard
+        self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
+        self._closed = False
         self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key
         self._deleter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="txns-queue-delete")
         self._deadline_s = handle.client.config.retry_deadline_s
@@ -262,7 +270,11 @@ class GroupCommitter:
         self.grouped = 0
 
     def close(self) -> None:
-        """Release the lease if held and finish pending deletes (the handle stays open)."""
+        """Stop sequencing, release the lease if held and finish pending deletes (the handle stays open)."""
+        self._closed = True
+        serving = self._serving
+        if serving is not None:
+            serving.join()
         with self._lock:
             self.lease.release()
         self._deleter.shutdown(wait=True)
@@ -290,9 +302,12 @@ class GroupCommitter:
         if self.direct and time.monotonic() >= self._contended_until:
             with self._lock:
                 h.cache.sync_cached()
+                start = time.monotonic()
                 try:
                     applied = txn.commit_at(h, self.ts_fn(h.upper))
                     self.direct_commits += 1
+                    if time.monotonic() - start > self.slow_s:  # throttled (or slow): group the next ones
+                        self._contended_until = time.monotonic() + self.contended_s
                     return applied
                 except TimestampUnavailable:
                     self._contended_until = time.monotonic() + self.contended_s
@@ -340,11 +355,16 @@ class GroupCommitter:
         while waiting:
             with self._lock:
                 try:
-                    h.cache.sync()
+                    if time.monotonic() - self._synced_at >= self.poll_s:  # (one read serves every waiting thread)
+                        h.cache.sync()
+                        self._synced_at = time.monotonic()
                     found = [(w, self._committed(w[2])) for w in waiting]
-                    if any(ts is None for _, ts in found) and self.lease.hold(fresh=polls % 4 == 3):
+                    if any(ts is None for _, ts in found) and self._serving is None and self.lease.hold(
+                        fresh=polls % 2 == 1
+                    ):
                         self._round()
                         found = [(w, self._committed(w[2])) for w in waiting]
+                        self._serve()
                 except ExternalError as e:  # storage trouble: try again until the deadline
                     log.debug("waiting for %d queued transactions: %s", len(waiting), e)
                     found = [(w, None) for w in waiting]
@@ -354,12 +374,6 @@ class GroupCommitter:
                     txn.settle(results[i])
             waiting = [w for w, ts in found if ts is None]
             if not waiting:
-                # Our transactions are in: hand the lease on now (those still
-                # waiting read it every few polls), rather than make them wait
-                # for it to lapse while we do other things.
-                with self._lock:
-                    if self.lease.held:
-                        self.lease.release()
                 break
             polls += 1
             if polls % 16 == 0:
@@ -373,6 +387,39 @@ class GroupCommitter:
                 )
             time.sleep(self.poll_s * min(8, 1 + polls // 4))
         return [results[i] for i in range(len(txns))]
+
+    def _serve(self) -> None:
+        """Keep sequencing in a background thread while the queue has work; then release the lease.
+
+        Called by a writer that just took the lease and ran a round (under
+        the lock): the writer returns as soon as its own transactions are in,
+        while this thread serves everyone else's (and this process's later
+        ones) without a lease hand-over per round. It stops, releasing the
+        lease, once a round finds the queue empty (or the lease is lost).
+        """
+        if self._serving is not None or self._closed:
+            return
+
+        def loop() -> None:
+            try:
+                while not self._closed:
+                    with self._lock:
+                        if not self.lease.hold():
+                            return
+                        try:
+                            listed = self._round()
+                        except ExternalError as e:
+                            log.debug("sequencer round deferred: %s", e)
+                            listed = 1
+                        if listed == 0 and not self._bodies:
+                            self.lease.release()
+                            return
+                    time.sleep(self.poll_s)
+            finally:
+                self._serving = None
+
+        self._serving = threading.Thread(target=loop, name="txns-sequencer", daemon=True)
+        self._serving.start()
 
     def _enqueue(self, q: Queued) -> None:
         key = f"{self.prefix}pending/{q.txn_id}"
@@ -416,13 +463,16 @@ class GroupCommitter:
         keys = sorted(retry_storage(lambda: list(self.blob.list_keys(f"{self.prefix}pending/")), self._deadline_s))
         listed = set(keys)
         self._bodies = {k: v for k, v in self._bodies.items() if k in listed}
-        for k in keys:
-            if k not in self._bodies:
-                data = retry_storage(lambda k=k: self.blob.get(k), self._deadline_s)  # type: ignore[misc]
-                if data is None:
-                    continue  # (deleted meanwhile: committed by another sequencer)
+        new = [k for k in keys if k not in self._bodies]
+
+        def get(k: str) -> bytes | None:
+            return retry_storage(lambda: self.blob.get(k), self._deadline_s)
+
+        for k, data in zip(new, self._deleter.map(get, new) if len(new) > 1 else map(get, new), strict=True):
+            if data is not None:  # (None: deleted meanwhile, committed by another sequencer)
                 self._bodies[k] = Queued.decode(f"queued transaction {k}", data)
         h.cache.sync()
+        self._synced_at = time.monotonic()
         upper = h.cache.frontier
         todo: list[tuple[str, Queued]] = []
         for k, q in list(self._bodies.items()):

@@ -134,7 +134,9 @@ def test_a_dead_sequencers_committed_objects_are_not_committed_again(store: Stor
     txns_id, ds = _setup(store.client(), 1)
     h1 = TxnsHandle.open(store.client(), txns_id)
     dead = GroupCommitter(h1, direct=False, lease_ms=200)
-    dead._delete = lambda key: None  # type: ignore[method-assign]  # it "dies" right after its commit
+    # it "dies" right after its commit: no deletes, no background sequencing, its lease never released
+    dead._delete = lambda key: None  # type: ignore[method-assign]
+    dead._serve = lambda: None  # type: ignore[method-assign]
     txns_ids = []
     for n in range(3):
         txn = h1.begin()
