@@ -25,11 +25,11 @@ through a **queue** when there is contention:
    lease runs a round, then a background thread of its process keeps running
    rounds while the queue has work and releases the lease when a round finds
    it empty; waiting writers read the lease every other poll and take it when
-   it is free or lapsed (a killed sequencer is replaced within ``lease_ms``). A round of the sequencer lists the
-   queue, reads the new objects, reads the txns shard (upper ``U``), drops
-   what already committed, and commits everything else in **one**
-   conditional write at ``ts_fn(U)`` expecting the upper ``U``; then deletes
-   the objects it committed.
+   it is free or lapsed (a killed sequencer is replaced within ``lease_ms``).
+   A round of the sequencer lists the queue, reads the new objects, reads the
+   txns shard (upper ``U``), drops what already committed, and commits
+   everything else in **one** conditional write at ``ts_fn(U)`` expecting the
+   upper ``U``; then deletes the objects it committed.
 4. **Learn.** A writer waits for its batches to appear in the txns log
    (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
    it learns its commit time from the log itself, from whichever sequencer
