@@ -316,6 +316,7 @@ class Database:
                 self._closed = True
                 if self._queue_committer is not None:
                     self._queue_committer.close()
+                    self._queue_committer.handle.close()
                 self.handle.close()
 
     def __enter__(self) -> Database:
@@ -880,15 +881,19 @@ class Database:
     def _commit_queued(self, group: list[_Pending]) -> None:
         """Commit a write-only group through the cross-process queue; settle each member's outcome.
 
-        Under the database's lock (the committer uses ``self.handle``). Each
-        member goes into the queue on its own (its tidy is dropped: later
-        applies find those entries again), so members may commit at
-        different times; each is settled with its own.
+        Under the database's lock. The committer has a txns handle of its
+        own: its background sequencer thread uses it while other threads use
+        ``self.handle`` (a handle serves one thread at a time). Each member
+        goes into the queue on its own (its tidy is dropped: later applies
+        find those entries again), so members may commit at different times;
+        each is settled with its own.
         """
         if self._queue_committer is None:
             oracle = self.oracle()
+            handle = TxnsHandle.open(self.client, self.root.txns_id, hold=False)
+            handle.maintain_on_commit = False  # (the background worker maintains the txns shard)
             self._queue_committer = GroupCommitter(
-                self.handle, ts_fn=lambda upper: max(upper, oracle.write_ts()), direct=False
+                handle, ts_fn=lambda upper: max(upper, oracle.write_ts()), direct=False
             )
         if group[0].txn.uncertain:
             # SUBTLE: an earlier attempt of this group (all its members, joined)
