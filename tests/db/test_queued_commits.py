@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-import uuid
-
 import time
+import uuid
 
 import pyarrow as pa
 
