@@ -694,6 +694,8 @@ class Database:
         commits iff every read still matches when its epoch is resolved, in
         id order after the earlier intents (:mod:`txns.db.intents`).
         ``future.result()`` gives the :class:`txns.db.intents.Outcome`.
+        ``SubmitUncertain`` (its write may have landed): wait on its
+        ``futures``, never submit again blindly.
 
         >>> import pyarrow as pa, txns
         >>> db = txns.connect("mem://doc-submit")
@@ -867,16 +869,20 @@ class Database:
                 return
             break
         assert group is not None and base is not None
+        self._settle_committed(group, [applied.commit_ts] * len(group))
+
+    def _settle_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
+        """Each member committed at its ``commit_ts``: settle it, tell the oracles, and apply in the background."""
         for o in self._oracles.values():
-            o.observe(applied.commit_ts)
+            o.observe(max(commit_ts))
         written: dict[str, int] = {}
-        for q in group:
+        for q, ts in zip(group, commit_ts, strict=True):
             written.update(q.written)
-            q.result = (applied.commit_ts, q.read_ts)
+            q.result = (ts, q.read_ts)
             q.done = True
         self.group_commits += 1
         self.grouped_transactions += len(group)
-        self._applier.submit(applied.commit_ts, written)
+        self._applier.submit(max(commit_ts), written)
 
     def _commit_queued(self, group: list[_Pending]) -> None:
         """Commit a write-only group through the cross-process queue; settle each member's outcome.
@@ -905,16 +911,7 @@ class Database:
         except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
             self._settle_failed(group, e)
             return
-        written: dict[str, int] = {}
-        for q, a in zip(group, applied, strict=True):
-            for o in self._oracles.values():
-                o.observe(a.commit_ts)
-            written.update(q.written)
-            q.result = (a.commit_ts, q.read_ts)
-            q.done = True
-        self.group_commits += 1
-        self.grouped_transactions += len(group)
-        self._applier.submit(max(a.commit_ts for a in applied), written)
+        self._settle_committed(group, [a.commit_ts for a in applied])
 
     def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
         """The members that commit together at ``upper``: validated, and none reading what an earlier one writes."""
