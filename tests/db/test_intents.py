@@ -306,3 +306,20 @@ def test_a_subscriber_to_the_outcomes_table_sees_each_outcome_once() -> None:
     assert {r["intent"]: r["ts"] for r in seen} == {f.intent: f.result().ts for f in futures}
     assert {r["intent"]: r["committed"] for r in seen} == {f.intent: f.result().committed for f in futures}
     db.close()
+
+
+def test_an_uncertain_submit_ends_in_its_outcome_or_in_not_durable() -> None:
+    """After SubmitUncertain, waiting tells whether the intent landed (never by submitting it twice)."""
+    from txns.db.intents import IntentNotDurable
+
+    db = _db()
+    before = db.latest()
+    landed = db.submit(writes={("kv", "a"): {"k": "a", "v": "1"}})
+    # the futures SubmitUncertain carries: the epoch only a lower bound
+    maybe = IntentFuture(db, landed.intent, before, uncertain=True)
+    never = IntentFuture(db, uuid.uuid4().hex, before, uncertain=True)
+    assert maybe.result() == landed.result()
+    with pytest.raises(IntentNotDurable, match="submit it again"):
+        never.result(timeout=20)
+    assert _kv(db) == {"a": "1"}
+    db.close()

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import InvalidUsage, backoff
+from persist import Indeterminate, InvalidUsage, backoff
 from txns.db.arrow_io import conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import TableExists, TableNotFound, TransactionConflict
@@ -289,13 +289,37 @@ def ensure_tables(db: Database) -> None:
 # ---- submitting ----------------------------------------------------------------------------
 
 
-class IntentFuture:
-    """The outcome of a submitted intent, once resolved (see the module doc)."""
+class IntentNotDurable(Exception):
+    """An intent whose submit was uncertain never became durable: submit it again."""
 
-    def __init__(self, db: Database, intent: str, epoch: int) -> None:
+
+class SubmitUncertain(Indeterminate):
+    """``submit`` failed after its write may have landed: each intent may or may not be durable.
+
+    Do not submit them again (that could commit them twice): wait on
+    ``futures`` instead. Each gives the intent's outcome if it landed, or
+    raises :class:`IntentNotDurable` if it is not among the stored intents
+    (then submitting again is safe).
+    """
+
+    def __init__(self, message: str, futures: list[IntentFuture]) -> None:
+        super().__init__(message)
+        self.futures = futures
+
+
+class IntentFuture:
+    """The outcome of a submitted intent, once resolved (see the module doc).
+
+    ``uncertain``: its submit raised :class:`SubmitUncertain`; ``epoch`` is then
+    only a lower bound, and waiting may end in :class:`IntentNotDurable`.
+    """
+
+    def __init__(self, db: Database, intent: str, epoch: int, *, uncertain: bool = False) -> None:
         self.db = db
         self.intent = intent
         self.epoch = epoch
+        self.uncertain = uncertain
+        self._landed_by: int | None = None  # uncertain: any landing of it is at or below this time
         self._outcome: Outcome | None = None
 
     def __repr__(self) -> str:
@@ -340,6 +364,7 @@ def wait_all(futures: list[IntentFuture], timeout: float | None = 60.0, *, resol
             f._outcome = o
         if all(f._outcome is not None for f in pending):
             break
+        _check_durable([f for f in pending if f._outcome is None and f.uncertain])
         if deadline is not None and time.monotonic() > deadline:
             missing = [f.intent for f in futures if f._outcome is None]
             raise TimeoutError(f"{len(missing)} intent(s) ({missing[0]}, ...) have no outcome after {timeout} s")
@@ -348,6 +373,32 @@ def wait_all(futures: list[IntentFuture], timeout: float | None = 60.0, *, resol
         attempt += 1
         backoff(attempt, cap_s=0.05, base_s=0.001)
     return [f._outcome for f in futures if f._outcome is not None]
+
+
+def _check_durable(uncertain: list[IntentFuture]) -> None:
+    """IntentNotDurable for an uncertain intent that is not in ``txns_intents``; the others are certain from now.
+
+    Its write, if it landed, landed before the submit raised: at a time in
+    ``(epoch, _landed_by]``, where ``_landed_by`` is the latest time read at
+    its first wait. So its row is among the changes of that range, or it
+    never landed.
+    """
+    if not uncertain:
+        return
+    db = uncertain[0].db
+    for f in uncertain:
+        if f._landed_by is None:
+            f._landed_by = db.latest()
+    lo = min(f.epoch for f in uncertain)
+    hi = max(f._landed_by for f in uncertain if f._landed_by is not None)
+    ch = db.table(INTENTS).changes(lo, hi + 1, columns=["intent"])
+    present = set(ch.filter(pc.greater(ch.column("diff"), 0)).column("intent").to_pylist())
+    for f in uncertain:
+        if f.intent not in present:
+            raise IntentNotDurable(
+                f"intent {f.intent} was never durable (no such intent up to {f._landed_by}); submit it again"
+            )
+        f.uncertain = False  # it landed: its outcome will come
 
 
 def submit_many(
@@ -368,8 +419,17 @@ def submit_many(
     rows = [{"intent": uuid.uuid4().hex, "body": body} for body in bodies]
     if not rows:
         return []
-    with db.transaction(metadata=metadata) as t:
-        t.insert(INTENTS, rows)
+    before = db.cached_latest()
+    try:
+        with db.transaction(metadata=metadata) as t:
+            t.insert(INTENTS, rows)
+    except Indeterminate as e:
+        futures = [IntentFuture(db, r["intent"], before or 0, uncertain=True) for r in rows]
+        raise SubmitUncertain(
+            f"the submit of {len(rows)} intent(s) may or may not have landed ({e}); do not submit them again: "
+            f"wait on this exception's futures (an outcome, or IntentNotDurable if it never landed)",
+            futures,
+        ) from e
     info = t.commit_info
     assert info is not None and info.ts is not None
     epoch = info.ts
@@ -599,7 +659,9 @@ __all__ = [
     "INTENTS",
     "OUTCOMES",
     "RESOLVER",
+    "SubmitUncertain",
     "IntentFuture",
+    "IntentNotDurable",
     "Outcome",
     "ensure_tables",
     "lookup",
