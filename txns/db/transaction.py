@@ -54,6 +54,7 @@ from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMism
 from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
+from txns.db.engines import engine_of
 from txns.db.errors import (
     DuplicateKey,
     InvalidPrimaryKey,
@@ -77,7 +78,7 @@ from txns.db.keyed import (
 )
 from txns.db.pool import each
 from txns.db.retention import check_retention
-from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, read_table
+from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, read_table, scan
 
 if TYPE_CHECKING:
     from txns.db.database import Database
@@ -154,6 +155,8 @@ class Transaction:
         self._retracted: dict[str, list[pa.Table]] = {}
         self._tracked_bytes = 0
         self._untracked: set[str] = set()
+        self._emptied: set[str] = set()  # tables truncated here: their committed rows are gone for this transaction
+        self._opaque: set[str] = set()  # tables given batches written elsewhere (Spark): not readable back here
         self._read_set: dict[str, set[Key] | None] = {}
         # keyed tables: data_id -> key -> row (None: deleted)
         self._own: dict[str, dict[Key, dict[str, Any] | None]] = {}
@@ -282,6 +285,9 @@ class Transaction:
         ``DuplicateKey`` naming it, and nothing of ``data`` is inserted.
         """
         self._check_open()
+        engine = engine_of(data)
+        if engine is not None:  # a Spark DataFrame: its executors write the parts
+            return int(engine.insert(self, table, data))
         e = self._entry(table)
         check_input(data, table)
         if e.primary_key is not None:
@@ -343,6 +349,67 @@ class Transaction:
         self._count(e.data_id, 0, rows.num_rows)
         return int(rows.num_rows)
 
+    def truncate(self, table: str) -> int:
+        """Remove every row of ``table`` (as committed at the read time); return how many.
+
+        The rows are read part by part and retracted (bounded memory); the
+        read covers the whole table, so under serializable isolation a
+        concurrent write to it makes this transaction conflict. Must come
+        before any other write to ``table`` in this transaction (then
+        ``insert`` after it replaces the contents: an overwrite).
+        """
+        self._check_open()
+        e = self._entry(table)
+        d = e.data_id
+        if d in self._counts or d in self._own or d in self._emptied:
+            raise InvalidUsage(
+                f"table {e.name!r}: truncate must come before any other write to it in the transaction "
+                f"(it retracts the committed rows); start a new transaction"
+            )
+        self._note_scan(e)
+        rows = 0
+        if d not in self._new:
+            db = self._db
+            ts = self._reads_at()
+            plan = db.plan(e, ts)
+            reader = PlanReader(db.client.blob, plan, list(e.schema.names), None, db.client.config.retry_deadline_s)
+            b = self._builder(d, -1)
+            for batch in scan(reader):
+                if batch.num_rows:
+                    b.add_table(self._updates(pa.Table.from_batches([batch]).cast(e.schema), -1))
+                    rows += batch.num_rows
+        self._emptied.add(d)
+        self._count(d, 0, rows)
+        return rows
+
+    def _add_batch(self, table: str, batch: Batch, *, added: int, retracted: int, read_table: bool) -> TableEntry:
+        """Add a batch written elsewhere (by Spark executors: :mod:`txns.spark`) to ``table``'s writes.
+
+        ``batch`` has the table's data shard schema and times ``[0, 1)``; the
+        caller checked its rows (for a keyed table: one row per key, and each
+        existing key's row retracted). ``read_table``: the caller read the
+        whole table to make it (recorded as a scan, validated at commit).
+        The table cannot be read back, nor written by key, in this
+        transaction afterwards.
+        """
+        self._check_open()
+        e = self._entry(table)
+        if read_table:
+            self._note_scan(e)
+        if batch.rows:
+            self._batches.setdefault(e.data_id, []).append(batch)
+        self._opaque.add(e.data_id)
+        self._untracked.add(e.data_id)
+        self._count(e.data_id, added, retracted)
+        return e
+
+    def _check_not_opaque(self, e: TableEntry) -> None:
+        if e.data_id in self._opaque:
+            raise InvalidUsage(
+                f"table {e.name!r} was written from a Spark DataFrame in this transaction, which it does not "
+                f"keep: it cannot be read or written by key here again; do that in a later transaction"
+            )
+
     def _track(self, data_id: str, rows: pa.Table) -> None:
         if data_id in self._untracked:
             return
@@ -359,6 +426,7 @@ class Transaction:
         c[1] += retracted
 
     def _check_present(self, e: TableEntry, rows: pa.Table) -> None:
+        self._check_not_opaque(e)
         cols = list(e.schema.names)
         # the committed rows read are only those that may match: so judge only the rows asked for
         parts = [self._with_n(rows, -1, asked=1)]
@@ -428,7 +496,7 @@ class Transaction:
         ts = self._reads_at()
         self._note_scan(e)
         cur = db.catalog(ts).by_data_id().get(e.data_id)
-        if cur is None:
+        if cur is None or e.data_id in self._emptied:
             return e.schema.empty_table()
         expr = None
         for c in e.schema.names:
@@ -593,6 +661,7 @@ class Transaction:
         e = self._entry(table)
         cols = check_columns(e.schema, columns)
         expr = check_filter(e.schema, filter)
+        self._check_not_opaque(e)
         d = e.data_id
         if e.primary_key is None and d in self._untracked:
             raise InvalidUsage(
@@ -622,7 +691,7 @@ class Transaction:
 
     def _committed(self, e: TableEntry, cols: list[str], expr: Any) -> pa.Table:
         """``e``'s committed rows at the read time (projected, filtered); none for a table created here."""
-        if e.data_id in self._new:
+        if e.data_id in self._new or e.data_id in self._emptied:
             return pa.schema([e.schema.field(c) for c in cols]).empty_table()
         return read_at(self._db, e, self._reads_at(), cols, expr)
 
@@ -700,6 +769,7 @@ class Transaction:
 
         The lists are shared (with the cache and the own writes): callers do not change them.
         """
+        self._check_not_opaque(e)
         own = self._own.get(e.data_id, {})
         out: dict[Key, list[dict[str, Any]]] = {}
         need: list[Key] = []
@@ -717,7 +787,7 @@ class Transaction:
 
     def _committed_keys(self, e: TableEntry, keys: list[Key]) -> dict[Key, list[dict[str, Any]]]:
         """The committed rows of ``keys`` at the read time, from the cache or one filtered read."""
-        if e.data_id in self._new:
+        if e.data_id in self._new or e.data_id in self._emptied:
             return {k: [] for k in keys}
         cache = self._key_cache.setdefault(e.data_id, {})
         out = {k: cache[k] for k in keys if k in cache}
@@ -926,7 +996,10 @@ class Transaction:
                 names=names,
                 read_ts=self._read_ts,
                 isolation=self._isolation,
-                writes={d: (set(self._own[d]) if d in self._own else None) for d in self._batches},
+                writes={
+                    d: (set(self._own[d]) if d in self._own and d not in self._emptied | self._opaque else None)
+                    for d in self._batches
+                },
             )
             committed = True
         except Indeterminate:

@@ -44,7 +44,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import LongType, StructField, StructType
 
@@ -108,6 +115,10 @@ class TxnsDataSource(DataSource):
         return "txns"
 
     def schema(self) -> StructType:
+        if by_name(self.options):
+            from txns.spark import table_read
+
+            return table_read.table_schema(self.options)
         opts = Options.parse(self.options)
         schema = PersistClient.open(opts.url).shard_schema(opts.data_id)
         if schema is None:
@@ -115,10 +126,33 @@ class TxnsDataSource(DataSource):
         return output_struct(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if by_name(self.options):
+            from txns.spark import table_read
+
+            return table_read.TableBatchReader(self.options, schema)
         return TxnsBatchReader(Options.parse(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if by_name(self.options):
+            from txns.spark import table_read
+
+            return table_read.table_stream_reader(self.options, schema)
         return TxnsStreamReader(Options.parse(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from txns.spark import table_write
+
+        return table_write.TableWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from txns.spark import table_write
+
+        return table_write.TableStreamWriter(self.options, schema, overwrite)
+
+
+def by_name(options: Mapping[str, str]) -> bool:
+    """Whether a read names a database table (``load("accounts")``: option ``path``) rather than raw shard ids."""
+    return bool(options.get("path")) and not options.get("data_id")
 
 
 # ---- planning and reading ranges ------------------------------------------------------------
