@@ -157,6 +157,7 @@ class Transaction:
         self._untracked: set[str] = set()
         self._emptied: set[str] = set()  # tables truncated here: their committed rows are gone for this transaction
         self._opaque: set[str] = set()  # tables given batches written elsewhere (Spark): not readable back here
+        self._kept: set[int] = set()  # ids of such batches an abandoned transaction must not delete
         self._read_set: dict[str, set[Key] | None] = {}
         # keyed tables: data_id -> key -> row (None: deleted)
         self._own: dict[str, dict[Key, dict[str, Any] | None]] = {}
@@ -382,7 +383,9 @@ class Transaction:
         self._count(d, 0, rows)
         return rows
 
-    def _add_batch(self, table: str, batch: Batch, *, added: int, retracted: int, read_table: bool) -> TableEntry:
+    def _add_batch(
+        self, table: str, batch: Batch, *, added: int, retracted: int, read_table: bool, keep_on_abort: bool = False
+    ) -> TableEntry:
         """Add a batch written elsewhere (by Spark executors: :mod:`txns.spark`) to ``table``'s writes.
 
         ``batch`` has the table's data shard schema and times ``[0, 1)``; the
@@ -390,10 +393,14 @@ class Transaction:
         existing key's row retracted). ``read_table``: the caller read the
         whole table to make it (recorded as a scan, validated at commit).
         The table cannot be read back, nor written by key, in this
-        transaction afterwards.
+        transaction afterwards. ``keep_on_abort``: an abandoned transaction
+        leaves the batch's parts alone (the caller may commit them in a new
+        transaction, e.g. after a conflict, or delete them itself).
         """
         self._check_open()
         e = self._entry(table)
+        if keep_on_abort:
+            self._kept.add(id(batch))
         if read_table:
             self._note_scan(e)
         if batch.rows:
@@ -1040,6 +1047,8 @@ class Transaction:
         self._builders = {}
         for bs in self._batches.values():
             for batch in bs:
+                if id(batch) in self._kept:
+                    continue
                 try:
                     batch.delete(blob)
                 except Exception:  # noqa: BLE001
