@@ -36,7 +36,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from txns.spark._common import check_url
+from txns.spark._common import check_executors, check_url
 from txns.spark.batch import run_batch
 from txns.spark.compaction import CompactionResult, compact
 from txns.spark.read import snapshot
@@ -72,7 +72,11 @@ def session(master: str = "local[2]", app_name: str = "txns", conf: dict[str, st
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``txns`` data source with ``spark`` (see :mod:`txns.spark.source`)."""
+    """Register the ``txns`` data source with ``spark`` (see :mod:`txns.spark.source`).
+
+    Raises InvalidUsage (saying what to do) if Spark's Python workers cannot import this package.
+    """
+    check_executors(spark)
     spark.dataSource.register(TxnsDataSource)
 
 

@@ -8,6 +8,7 @@ worker process and keeps it.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -29,6 +30,22 @@ INLINE_TASK_BYTES = 1 << 20
 
 _LOCATIONS: dict[str, Location] = {}
 _LOCK = threading.Lock()
+_CHECKED_SESSIONS: set[str] = set()
+
+# The probe runs in executors that may not have this package (nor pyarrow):
+# its code is compiled here, in a module namespace that does not exist
+# elsewhere, so cloudpickle ships it by value and unpickling it imports
+# nothing of ours.
+_PROBE_SOURCE = """
+def probe(_):
+    import sys
+    try:
+        import persist, txns  # noqa: F401
+        err = ""
+    except Exception as e:
+        err = type(e).__name__ + ": " + str(e)
+    return (sys.executable, err)
+"""
 
 
 # ---- locations ---------------------------------------------------------------------
@@ -49,6 +66,46 @@ def check_url(url: str) -> str:
             f"reach; use one of: {', '.join(accepted_forms(shared_only=True))}"
         )
     return url
+
+
+def check_executors(spark: SparkSession) -> None:
+    """InvalidUsage, saying what to do, if ``spark``'s Python workers cannot import this package.
+
+    Runs one tiny job the first time it is called for a Spark application
+    (a few hundred milliseconds), then nothing. Without it, the first read
+    or write fails deep in an executor with a long trace ending in
+    ``ModuleNotFoundError: No module named 'txns'``.
+    """
+    try:
+        key = spark.sparkContext.applicationId
+    except Exception:  # noqa: BLE001 - Spark Connect has no sparkContext
+        key = str(id(spark))
+    if key in _CHECKED_SESSIONS:
+        return
+    namespace: dict[str, object] = {"__name__": "txns_executor_probe"}
+    exec(compile(_PROBE_SOURCE, "<txns executor probe>", "exec"), namespace)  # our own constant code
+    try:
+        found = spark.sparkContext.parallelize([0], 1).map(namespace["probe"]).collect()
+    except Exception as e:  # noqa: BLE001 - a worker that cannot even start Python's side of Spark
+        found = [(_python_exec(spark), f"{type(e).__name__}: {str(e).splitlines()[0]}")]
+    bad = [r for r in found if r[1]]
+    if bad:
+        raise InvalidUsage(
+            f"Spark's Python workers ({_python_exec(spark)}, running {bad[0][0]}) cannot import txns "
+            f"({bad[0][1]}): they must run "
+            f"a Python where this package is installed. Either start the session with txns.spark.session(), "
+            f"or set PYSPARK_PYTHON={sys.executable} (or the Spark conf spark.pyspark.python) before the "
+            f"SparkSession starts"
+        )
+    _CHECKED_SESSIONS.add(key)
+
+
+def _python_exec(spark: SparkSession) -> str:
+    """The Python the session starts for its workers, as configured."""
+    try:
+        return str(spark.sparkContext.pythonExec)
+    except Exception:  # noqa: BLE001 - Spark Connect
+        return "unknown"
 
 
 def location(url: str) -> Location:
@@ -146,6 +203,7 @@ def task_frame(spark: SparkSession, n: int) -> DataFrame:
     PySpark broadcasts when it is big), and each partition runs task ``id``:
     no Python stage and no shuffle before the reads.
     """
+    check_executors(spark)
     return spark.range(0, n, 1, max(1, n))
 
 

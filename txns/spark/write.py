@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from persist import CLOSED, Batch, BatchBuilder, InvalidUsage, PersistConfig, Schema, SchemaMismatch, ShardId
 from persist.manifest import PartRef, Run
-from txns.spark._common import check_url, col, location, raise_from_spark
+from txns.spark._common import check_executors, check_url, col, location, raise_from_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -94,6 +94,7 @@ def write_batch(
         raise InvalidUsage(f"part_target_bytes must be a positive int, got {target!r}")
     columns = check_columns(df.schema, schema, data_id)
     location(url)  # a bad URL fails here, on the driver, before any task runs
+    check_executors(df.sparkSession)
     fn = functools.partial(_write_rows, url, data_id, schema.to_text(), target)
     try:
         rows = df.select(*[col(c) for c in columns]).mapInArrow(fn, PART_ROWS).collect()
