@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+from persist._internal.holds import PartHold, hold
 from persist._internal.machine import Machine
 from persist._internal.parts import part_written_ms
 from persist._internal.retry import retry_storage
@@ -68,9 +69,7 @@ class PersistClient:
         """Read-only access to a shard's metadata (its since, upper and batches), followed by this client."""
         return ShardView(self.blob, self._machine(shard_id), self.config)
 
-    def open_writer(
-        self, shard_id: ShardId | str, schema: Schema, inline_max_bytes: int | None = None
-    ) -> WriteHandle:
+    def open_writer(self, shard_id: ShardId | str, schema: Schema, inline_max_bytes: int | None = None) -> WriteHandle:
         """A writer for ``shard_id``. Registers ``schema`` on first use; SchemaMismatch if it differs.
 
         ``inline_max_bytes`` overrides the config's threshold for this writer's batches.
@@ -173,6 +172,19 @@ class PersistClient:
             "critical_readers": {k: {"since": v.since, "opaque": v.opaque} for k, v in s.critical.items()},
             "garbage_parts": len(s.garbage),
         }
+
+    def hold_parts(self, shard_id: ShardId | str, for_s: float) -> PartHold:
+        """Keep the parts compaction retires from now on for ``for_s`` seconds (one PUT).
+
+        A read planned after this call can read every part its plan names
+        until the hold expires, however long compaction goes on meanwhile
+        (it merges as usual; only the deletion of retired parts waits). Call
+        ``hold.release(client.blob)`` when the read is done, or let it
+        expire. See :mod:`persist._internal.holds`.
+        """
+        if isinstance(for_s, bool) or not isinstance(for_s, (int, float)) or not 0 < for_s <= 7 * 86400:
+            raise InvalidUsage(f"for_s must be a number of seconds in (0, 604800], got {for_s!r}")
+        return hold(self.blob, str(_shard_id(shard_id)), float(for_s), self.config.clock_ms())
 
     def gc_leaked(self, shard_id: ShardId | str, older_than_s: float, keep: set[str] | None = None) -> int:
         """Delete parts of the shard that no state references and that are older than ``older_than_s``.

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from persist._internal.holds import gc_horizon
 from persist._internal.machine import Machine
 from persist._internal.merge import apply_merged, merge_batches
 from persist._internal.parts import MissingPart, Run
@@ -135,9 +136,7 @@ class WriteHandle:
         """
         self._append_batches(batches, expected_upper, new_upper, token)
 
-    def _append_batches(
-        self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None
-    ) -> bool:
+    def _append_batches(self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None) -> bool:
         """compare_and_append_batch; False if the append had already happened (token seen)."""
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
@@ -277,7 +276,11 @@ class WriteHandle:
 
     def _collect_garbage(self) -> int:
         state = self._machine.state()
-        horizon = self.config.clock_ms() - int(self.config.part_grace_s * 1000)
+        now, grace_ms = self.config.clock_ms(), int(self.config.part_grace_s * 1000)
+        due = [k for k, at in state.garbage if at <= now - grace_ms]
+        if not due:
+            return 0
+        horizon = gc_horizon(self.blob, str(self.shard_id), now, grace_ms)  # live part holds may keep some
         due = [k for k, at in state.garbage if at <= horizon]
         if not due:
             return 0

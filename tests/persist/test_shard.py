@@ -704,3 +704,43 @@ def test_s3_prefixes_are_separate_stores(s3_url_factory: Callable[..., str]) -> 
     assert c1.inspect(shard)["upper"] == 1
     c1.location.close()
     c2.location.close()
+
+
+def test_a_part_hold_keeps_retired_parts_until_it_expires_without_blocking_compaction() -> None:
+    clock = FakeClock()
+    config = PersistConfig(inline_max_bytes=0, part_grace_s=60, clock_ms=clock, compaction_enabled=False)
+    client, shard = new_shard(config)
+    w = client.open_writer(shard, SCHEMA)
+    for t in range(4):
+        w.compare_and_append([upd(t, "a", t)], t, t + 1)
+    hold = client.hold_parts(shard, for_s=3600)
+    plan = client.open_leased_reader(shard, SCHEMA).snapshot_plan(3)  # a read planned under the hold
+    old = {p.key for run in plan.runs for p in run.parts}
+    assert w.compact() >= 1, "compaction is not blocked"
+    retired = old - w.shard.state().part_keys()
+    assert retired
+    clock.advance(61 * 30)  # far past the grace period, within the hold
+    assert w.collect_garbage() == 0
+    rows = sum(t.num_rows for run in plan.runs for t in read_run(client.blob, run, SCHEMA.arrow))
+    assert rows == 4, "the held read still finishes"
+    clock.advance(3600)  # the hold expired: the parts go, and so does the hold object
+    assert w.collect_garbage() == len(retired)
+    assert not list(client.blob.list_keys(f"{shard}/holds/"))
+    assert client.inspect(shard)["garbage_parts"] == 0
+
+    h2 = client.hold_parts(shard, for_s=3600)  # released early: no longer keeps anything
+    w.compare_and_append([upd(9, "b", 4)], 4, 5)
+    w.compare_and_append([upd(8, "b", 5)], 5, 6)
+    assert w.compact() >= 1
+    h2.release(client.blob)
+    clock.advance(61)
+    assert w.collect_garbage() >= 1
+    assert hold.key != h2.key
+
+
+def test_a_part_hold_is_refused_for_a_bad_duration() -> None:
+    client, shard = new_shard(PersistConfig())
+    for bad in (0, -1, True, "1h", 10**9):
+        with pytest.raises(InvalidUsage, match="for_s"):
+            client.hold_parts(shard, for_s=bad)  # type: ignore[arg-type]
+    assert not list(client.blob.list_keys(f"{shard}/holds/"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -328,3 +329,28 @@ def test_merges_into_one_time_are_marked_distinct_kv() -> None:
     assert run.distinct_kv and run.rows == 1  # all at 1: (1, a) x2; (2, b) cancelled
     assert Run.from_json(run.to_json()) == run
     assert run.rewritten(5).distinct_kv
+
+
+def test_a_planned_snapshot_outlives_compaction_and_garbage_collection(spark, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+    (a,) = new_ids(1)
+    clock = [int(time.time() * 1000) + 60_000]  # (the hold is written on the real clock: keep near it)
+    cfg = PersistConfig(compaction_enabled=False, inline_max_bytes=0, part_grace_s=1, clock_ms=lambda: clock[0])
+    h = setup(url, {a: SA}, cfg)
+    for ts in range(2, 6):
+        txn = h.begin()
+        txn.write(a, (ts,), (f"v{ts}",), 1)
+        txn.commit_at(h, ts).apply(h)
+    want = py_contents(h, a, 5)
+    df = txns.spark.snapshot(spark, url, h.txns_id, a, 5, valid_for_s=3600)  # planned: names today's parts
+    old = set(part_keys(url, a))
+    w = PersistClient.open(url, cfg).open_writer(a, SA)
+    assert w.compact() >= 1
+    clock[0] += 600_000  # far past part_grace_s
+    w.collect_garbage()
+    assert old <= set(part_keys(url, a)), "the hold keeps the retired parts the plan names"
+    assert contents(df, SA) == want
+
+    clock[0] += 3_600_000  # the hold expired: the retired parts go
+    w.collect_garbage()
+    assert not old & set(part_keys(url, a))

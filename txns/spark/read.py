@@ -15,10 +15,12 @@ Protocol of :func:`snapshot`:
    single time), the rows are already consolidated and step 3 is skipped: no
    shuffle.
 
-The DataFrame is lazy: its parts are read when an action runs. Parts that
-compaction retires stay readable for ``PersistConfig.part_grace_s`` (5
-minutes by default); an action later than that may fail asking to read
-again. Cache or persist the DataFrame to keep it longer.
+The DataFrame is lazy: its parts are read when an action runs. Planning
+writes a part hold on the data shard (``PersistClient.hold_parts``, one
+PUT) for ``valid_for_s`` (an hour by default): the parts it names stay
+readable that long however far compaction goes meanwhile (compaction is not
+blocked; only the deletion of the parts it retires waits). An action later
+than that may fail asking to plan the read again.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ from txns.spark._common import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+PLAN_VALID_S = 3600.0
+"""How long a planned Spark read stays readable by default (its part hold)."""
+
 
 def snapshot(
     spark: SparkSession,
@@ -57,6 +62,7 @@ def snapshot(
     expand: bool = False,
     *,
     handle: TxnsHandle | None = None,
+    valid_for_s: float = PLAN_VALID_S,
 ) -> DataFrame:
     """Data shard ``data_id`` at ``as_of`` as a DataFrame, read through txns shard ``txns_id``.
 
@@ -72,7 +78,8 @@ def snapshot(
     ``as_of``, ``ReadBelowSince`` if compaction passed ``as_of``, and
     ``ReadTimeout`` if the txns shard has not reached ``as_of``. ``handle``:
     an open handle to reuse (its client's URL must be ``url``); without
-    one, a handle is opened and released here.
+    one, a handle is opened and released here. ``valid_for_s``: how long
+    the DataFrame stays readable after planning (see the module doc).
     """
     check_url(url)
     check_ts(as_of, "as_of")
@@ -83,6 +90,7 @@ def snapshot(
     elif handle.client.url != url or handle.txns_id != str(txns_id):
         raise InvalidUsage("the handle given to snapshot() is for another location or txns shard")
     try:
+        handle.client.hold_parts(data_id, valid_for_s)  # (before planning: see persist/_internal/holds.py)
         plan = handle.data_snapshot(data_id, as_of).plan()
     finally:
         if own:
