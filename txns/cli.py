@@ -9,7 +9,7 @@ Usage (also ``python -m txns``)::
     txns history URL [--table T] [--limit N] [--json]
     txns inspect URL [TXNS_ID] [--json]
     txns apply   URL [TXNS_ID] [--json]
-    txns compact URL [TXNS_ID] [--spark] [--master URL] [--json]
+    txns compact URL [TXNS_ID] [--table NAME]... [--spark] [--master URL] [--json]
     txns gc      URL [TXNS_ID] [--older-than SECONDS] [--json]
     txns --version
 
@@ -211,10 +211,8 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
     client, txns_id = _target(args)
     txns_state(client, txns_id)  # fail fast, before starting Spark
-    if args.txns_id is None and not args.spark:
-        # a database: retention holds, then every table compacted whole (see Database.compact)
-        compact_db(args.url, out, args.json)
-        return EXIT_OK
+    if args.table and args.txns_id is not None:
+        raise UsageError("--table names tables of a database: give its URL without a TXNS_ID")
     spark, own = None, False
     if args.spark:
         from pyspark.sql import SparkSession
@@ -226,6 +224,19 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
         own = SparkSession.getActiveSession() is None  # stop only a session we started
         spark = spark_session(args.master)
     try:
+        if args.txns_id is None:
+            # a database: retention holds, then its tables compacted whole (see Database.compact)
+            merge = None
+            if spark is not None:
+                from txns.spark import compact_tables
+
+                session = spark
+
+                def merge(db: Any) -> dict[str, dict[str, Any]]:
+                    return compact_tables(session, db, args.table)
+
+            compact_db(args.url, out, args.json, tables=args.table, merge=merge)
+            return EXIT_OK
         r = compact_txns(client, txns_id, spark)
     finally:
         if spark is not None and own:
@@ -330,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compact", help="advance the txns since and compact every registered data shard")
     target(c)
     c.add_argument("--spark", action="store_true", help="compact data shards with a Spark job")
+    c.add_argument(
+        "--table", action="append", metavar="NAME", help="only this table of a database (repeatable; default: all)"
+    )
     c.add_argument("--master", default="local[2]", help="Spark master for --spark (default local[2])")
     c.add_argument("--json", action="store_true", help="print JSON (database URL only)")
     c.set_defaults(func=cmd_compact)

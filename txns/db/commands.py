@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from persist import PersistClient
@@ -227,11 +228,22 @@ def cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def compact_db(url: str, out: TextIO, as_json: bool) -> dict[str, Any]:
-    """``txns compact URL``: retention holds and a full compaction of every table."""
+def compact_db(
+    url: str,
+    out: TextIO,
+    as_json: bool,
+    *,
+    tables: list[str] | None = None,
+    merge: Callable[[Database], dict[str, dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """``txns compact URL [--table T ...] [--spark]``: retention holds and a full compaction of the tables.
+
+    ``merge``: compacts the database's tables itself (the CLI passes a Spark
+    job: ``txns.spark.compact_tables``) and returns ``Database.compact``'s report.
+    """
     db = open_db(url)
     try:
-        report = db.compact()
+        report = db.compact(tables) if merge is None else merge(db)
         db.handle.compact_to(db.latest())
         db.handle.writer.shard.fetch()
         for _ in range(64):  # the txns shard itself, until its policy asks for nothing more

@@ -197,9 +197,7 @@ def connect(
         raise InvalidUsage(f"connect takes a URL string, got {type(url).__name__}")
     retention_ms = None if retention is None else check_retention(retention)
     isolation = check_isolation(isolation)
-    how = (
-        f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
-    )
+    how = f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
     if not create and _missing_file_dir(url) is not None:
         raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
     client = PersistClient.open(url, config)
@@ -673,9 +671,7 @@ class Database:
         kw: dict[str, Any] = {} if max_attempts is None else {"max_attempts": max_attempts}
         if spark is not None:
             kw["spark"] = spark
-        return run_batch(
-            self, fns, executor=executor, workers=workers, isolation=isolation, metadata=metadata, **kw
-        )
+        return run_batch(self, fns, executor=executor, workers=workers, isolation=isolation, metadata=metadata, **kw)
 
     def submit(
         self,
@@ -1143,6 +1139,7 @@ class Database:
         when the txns cache allows (see :meth:`_log_plan`); else as ``TxnsHandle.commit_records``."""
         d = self.handle.commits_id
         cols = ["txn_id", "commit_ts", "wall_ms", "info"]
+
         def read() -> pa.Table:
             plan = self._log_plan(d, ts) if self.handle.cache.registered_at(d, ts) else None
             if plan is None:
@@ -1232,11 +1229,18 @@ class Database:
         """Wait for the background apply (and maintenance) of every commit made so far; whether it ran."""
         return self._applier.wait(None, timeout)
 
-    def compact(self) -> dict[str, dict[str, Any]]:
+    def compact(
+        self, tables: Sequence[str] | None = None, *, merge: Callable[[str], dict[str, Any]] | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Apply retention to every table (and the catalog), then compact each one. Returns a report per table.
 
         Also retires dropped tables whose drop is older than the retained
         history (see :meth:`_release_dropped`), reported under ``DROPPED_REPORT``.
+        ``tables``: only these (by name; TableNotFound for an unknown one),
+        and neither the catalog nor dropped tables. ``merge``: merges one
+        data shard (by id) in place of the in-process ``compact_all`` and
+        returns the same report (``txns.spark.compact_tables`` passes a
+        Spark job).
         """
         self._check_open()
         self._settle(APPLY_WAIT_S)  # (the worker's maintenance first, so the two do not race)
@@ -1246,15 +1250,24 @@ class Database:
             latest = self.latest()
             view = self.catalog(latest)
             longest = max([self.root.retention_ms, *(self._retention_ms(e) for e in view.tables.values())])
-            targets = [(name, e.data_id, self._retention_ms(e)) for name, e in sorted(view.tables.items())]
-            targets.append(("(catalog)", self.root.catalog_id, longest))
+            if tables is not None:
+                unknown = [n for n in tables if n not in view.tables]
+                if unknown:
+                    raise TableNotFound(
+                        f"no table(s) {unknown} in the database at {self.url!r}; tables: {sorted(view.tables)}"
+                    )
+            chosen = sorted(view.tables.items()) if tables is None else [(n, view.tables[n]) for n in tables]
+            targets = [(name, e.data_id, self._retention_ms(e)) for name, e in chosen]
+            if tables is None:
+                targets.append(("(catalog)", self.root.catalog_id, longest))
             for name, d, ret in targets:
                 since = self._hold(self.handle, d, ret, latest)
-                r = self.handle.data_writer(d).compact_all()
+                r = self.handle.data_writer(d).compact_all() if merge is None else merge(d)
                 r["hold"] = since
                 report[name] = r
             self._catalogs.clear()
-            report[DROPPED_REPORT] = self._release_dropped()
+            if tables is None:
+                report[DROPPED_REPORT] = self._release_dropped()
         return report
 
     def _release_dropped(self) -> dict[str, int]:

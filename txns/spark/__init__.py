@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from txns.spark._common import check_executors, check_url
 from txns.spark.batch import run_batch
-from txns.spark.compaction import CompactionResult, compact
+from txns.spark.compaction import CompactionResult, compact, compact_tables
 from txns.spark.read import snapshot
 from txns.spark.resolve import SparkResolution, resolve
 from txns.spark.source import TxnsDataSource
@@ -86,6 +86,7 @@ __all__ = [
     "TxnsDataSource",
     "check_url",
     "compact",
+    "compact_tables",
     "register",
     "resolve",
     "run_batch",

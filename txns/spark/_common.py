@@ -11,7 +11,7 @@ import json
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -82,10 +82,10 @@ def check_executors(spark: SparkSession) -> None:
         key = str(id(spark))
     if key in _CHECKED_SESSIONS:
         return
-    namespace: dict[str, object] = {"__name__": "txns_executor_probe"}
+    namespace: dict[str, Any] = {"__name__": "txns_executor_probe"}
     exec(compile(_PROBE_SOURCE, "<txns executor probe>", "exec"), namespace)  # our own constant code
     try:
-        found = spark.sparkContext.parallelize([0], 1).map(namespace["probe"]).collect()
+        found: list[tuple[str, str]] = spark.sparkContext.parallelize([0], 1).map(namespace["probe"]).collect()
     except Exception as e:  # noqa: BLE001 - a worker that cannot even start Python's side of Spark
         found = [(_python_exec(spark), f"{type(e).__name__}: {str(e).splitlines()[0]}")]
     bad = [r for r in found if r[1]]

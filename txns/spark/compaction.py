@@ -23,9 +23,9 @@ shard skip their shuffle.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -45,6 +45,8 @@ from txns.spark.write import PART_ROWS, part_refs, write_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from txns.db.database import Database
 
 
 @dataclass(frozen=True)
@@ -162,4 +164,43 @@ def _write_merged(
     return write_tables(url, shard_id, schema_text, target, tables())
 
 
-__all__ = ["CompactionResult", "compact"]
+def compact_tables(
+    spark: SparkSession, db: Database | str, tables: Sequence[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Compact a database's tables by name (default: all, and its catalog) with Spark jobs.
+
+    ``Database.compact`` with each merge a :func:`compact` job: retention
+    first moves each table's since, then executors merge its batches, then
+    its retired parts are collected (after their grace period and holds).
+    ``db``: an open database or its URL. Returns ``Database.compact``'s
+    report per table: batches, rows and parts before and after, and the since.
+    """
+    from txns.db.database import connect
+
+    own = isinstance(db, str)
+    database = connect(check_url(db), create=False) if isinstance(db, str) else db
+    url = check_url(database.url)
+
+    def merge(data_id: str) -> dict[str, Any]:
+        client = database.client
+        before = client.inspect(data_id)
+        result = compact(spark, url, data_id)
+        writer = database.handle.data_writer(data_id)
+        writer.shard.fetch()
+        writer.collect_garbage()
+        after = client.inspect(data_id)
+        return {
+            "before": {k: before[k] for k in ("batches", "rows", "parts")},
+            "after": {k: after[k] for k in ("batches", "rows", "parts")},
+            "since": after["since"],
+            "merged_all": result is None or result.applied,
+        }
+
+    try:
+        return database.compact(tables, merge=merge)
+    finally:
+        if own:
+            database.close()
+
+
+__all__ = ["CompactionResult", "compact", "compact_tables"]
