@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from persist import CLOSED, Batch, BatchBuilder, InvalidUsage, PersistConfig, Schema, SchemaMismatch, ShardId
 from persist.manifest import PartRef, Run
 from txns.spark._common import check_executors, check_url, col, location, raise_from_spark
+from txns.spark.native_write import native_root, native_types, write_native
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -68,7 +69,13 @@ def write_dataframe(txn: Txn, data_id: str | ShardId, df: DataFrame) -> None:
 
 
 def write_batch(
-    df: DataFrame, url: str, data_id: str | ShardId, schema: Schema, *, part_target_bytes: int | None = None
+    df: DataFrame,
+    url: str,
+    data_id: str | ShardId,
+    schema: Schema,
+    *,
+    part_target_bytes: int | None = None,
+    native: bool | None = None,
 ) -> Batch:
     """Write ``df`` as a batch of data shard ``data_id`` (at ``url``); return the batch, not appended.
 
@@ -79,6 +86,11 @@ def write_batch(
     written. Executors write the Parquet parts (each at most about
     ``part_target_bytes`` of Arrow data; default ``PersistConfig().part_target_bytes``)
     into blob storage; only part descriptors come back to the driver.
+
+    ``native``: Spark's own Parquet writer makes the parts, no row going
+    through Python (:mod:`txns.spark.native_write`); None (the default)
+    takes that path where it can (a ``file://`` location, every column
+    already of its field's type), False never, True or InvalidUsage.
 
     The batch has times ``[0, 1)``: add it to a transaction with
     ``Txn.write_batch`` (:func:`write_dataframe` does both), which moves its
@@ -95,13 +107,22 @@ def write_batch(
     columns = check_columns(df.schema, schema, data_id)
     location(url)  # a bad URL fails here, on the driver, before any task runs
     check_executors(df.sparkSession)
-    fn = functools.partial(_write_rows, url, data_id, schema.to_text(), target)
+    root = native_root(url)
+    use_native = native is not False and root is not None and native_types(df, schema)
+    if native and not use_native:
+        raise InvalidUsage(
+            "native=True needs a file:// location and DataFrame columns of exactly the shard's types "
+            f"({schema.describe()}); cast the columns, or leave native=None"
+        )
     try:
-        rows = df.select(*[col(c) for c in columns]).mapInArrow(fn, PART_ROWS).collect()
+        if use_native and root is not None:
+            refs = write_native(df.select(*[col(c) for c in columns]), root, data_id, schema, columns, target)
+        else:
+            fn = functools.partial(_write_rows, url, data_id, schema.to_text(), target)
+            refs = part_refs(df.select(*[col(c) for c in columns]).mapInArrow(fn, PART_ROWS).collect())
     except Exception as e:
         raise_from_spark(e)
         raise
-    refs = part_refs(rows)
     runs = (Run(parts=refs, rows=sum(p.rows for p in refs)),) if refs else ()
     return Batch(
         shard_id=data_id, id=uuid.uuid4().hex, lower=0, upper=1, runs=runs, schema_fingerprint=schema.to_text()

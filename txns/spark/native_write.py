@@ -1,0 +1,169 @@
+"""The native write path: Spark's own Parquet writer makes the parts, no rows cross into Python.
+
+:func:`txns.spark.write_batch` takes this path when :func:`native_plan`
+allows it: the location is a local directory (``file://``: Spark's JVM
+writes into it directly; S3 would need Hadoop's S3A jars, which pip does
+not install), and every column's Spark type is exactly the Arrow type of
+its field (so Spark writes the values persist would, with no conversion to
+check). Otherwise the Python path (``mapInArrow`` into a persist
+``BatchBuilder``) runs.
+
+Protocol of :func:`write_native`:
+
+1. Spark writes the DataFrame, projected to the shard's key and val
+   columns plus ``ts`` (0) and ``diff`` (1, or the given column as a long),
+   sorted within each Spark partition by every column (nulls last, as
+   persist sorts), as Parquet files into a staging directory beside the
+   blobs (``{root}/spark-staging/{uuid}``), at most ``rows_per_part`` rows
+   a file. No row goes through Python.
+2. The driver takes each file in turn: its footer gives the row count and
+   the null counts (a null in a non-nullable field fails the write with
+   ``SchemaMismatch``, everything staged deleted); its bytes give size and
+   CRC-32C; its first column gives the key bounds. The file is renamed to a
+   fresh part key under the shard (``{shard}/parts/{ms}-{uuid}``, the name
+   ``gc_leaked`` understands) and made durable (file and directory fsynced)
+   before the batch is returned, so a commit never names a part that a
+   crash could lose. Memory: one file's bytes at a time.
+3. The staging directory is removed. A crash before that leaves it (and
+   parts renamed so far, unreferenced: ``gc_leaked`` deletes them by age);
+   staging directories older than a day are removed by the next native
+   write to the same location.
+
+The parts are ordinary persist parts: readers check their size and CRC and
+cast their columns to the shard's schema.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from persist import Schema, SchemaMismatch
+from persist._internal.codec import crc32c
+from persist._internal.parts import first_column_bounds
+from persist.manifest import PartRef
+from persist.url import local_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+STAGING_MAX_AGE_S = 86_400.0
+"""Staging directories older than this are leftovers of a crashed write: the next native write removes them."""
+ARROW_BYTES_PER_VALUE = 8
+"""Rough Arrow bytes per value, to turn ``part_target_bytes`` into rows per file."""
+
+
+def native_root(url: str) -> Path | None:
+    """The local directory of a ``file://`` location, or None (another scheme: no native path)."""
+    return local_path(url)
+
+
+def native_types(df: DataFrame, schema: Schema) -> bool:
+    """Whether every key and val column's Spark type is exactly its field's Arrow type."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
+    for field in list(schema.key) + list(schema.val):
+        dt = df.schema[field.name].dataType
+        if isinstance(dt, (TimestampType, TimestampNTZType)):
+            return False  # (Spark's Parquet timestamps depend on session settings)
+        try:
+            if to_arrow_type(dt, timezone="UTC") != field.type:
+                return False
+        except Exception:  # noqa: BLE001 - pyspark raises its own kinds
+            return False
+    return True
+
+
+def write_native(
+    df: DataFrame, root: Path, data_id: str, schema: Schema, columns: list[str], target_bytes: int
+) -> tuple[PartRef, ...]:
+    """Write ``df`` (its ``columns``: key and val fields, optional ``diff``) as parts of ``data_id``; their refs."""
+    from pyspark.sql import functions as F
+
+    from txns.spark._common import col
+
+    names = schema.key_names + schema.val_names
+    rows_per_part = max(1, target_bytes // (ARROW_BYTES_PER_VALUE * (len(names) + 2)))
+    staging_root = root / "spark-staging"
+    _remove_old(staging_root)
+    staging = staging_root / uuid.uuid4().hex
+    diff = col("diff").cast("long") if "diff" in columns else F.lit(1).cast("long")
+    out = df.select(*[col(n) for n in names], F.lit(0).cast("long").alias("ts"), diff.alias("diff"))
+    out = out.sortWithinPartitions(*[col(n).asc_nulls_last() for n in names])
+    try:
+        out.write.option("maxRecordsPerFile", rows_per_part).parquet(str(staging))
+        files = sorted(p for p in staging.iterdir() if p.name.endswith(".parquet"))
+        required = [f.name for f in schema.arrow if not f.nullable] + ["diff"]
+        for f in files:
+            _check_nulls(f, required, data_id)
+        parts_dir = root / "blob" / data_id / "parts"
+        parts_dir.mkdir(parents=True, exist_ok=True)
+        refs = [_adopt(f, parts_dir, data_id) for f in files]
+        _fsync_dir(parts_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tuple(sorted((r for r in refs if r.rows), key=lambda p: p.key))
+
+
+def _check_nulls(path: Path, required: list[str], data_id: str) -> None:
+    """SchemaMismatch if a staged file has a null in a non-nullable column (footer statistics, else the column)."""
+    meta = pq.read_metadata(path)
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    for name in required:
+        nulls = 0
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(names.index(name)).statistics
+            if stats is None or not stats.has_null_count:
+                nulls = pq.read_table(path, columns=[name]).column(name).null_count
+                break
+            nulls += stats.null_count
+        if nulls:
+            raise SchemaMismatch(f"column {name!r} of shard {data_id} is not nullable, but a row has a null")
+
+
+def _adopt(path: Path, parts_dir: Path, data_id: str) -> PartRef:
+    """Rename a staged file to a fresh part key, durably; its descriptor (size, CRC, rows, bounds)."""
+    data = path.read_bytes()
+    meta = pq.read_metadata(pa.BufferReader(data))
+    first = pq.read_table(pa.BufferReader(data), columns=[meta.schema.column(0).name])
+    lo, hi = first_column_bounds(first)
+    name = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
+    dest = parts_dir / name
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(path, dest)
+    return PartRef(f"{data_id}/parts/{name}", meta.num_rows, len(data), crc32c(data), lo, hi)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_old(staging_root: Path) -> None:
+    if not staging_root.is_dir():
+        return
+    horizon = time.time() - STAGING_MAX_AGE_S
+    for d in staging_root.iterdir():
+        try:
+            if d.stat().st_mtime < horizon:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
+__all__ = ["native_root", "native_types", "write_native"]
