@@ -69,7 +69,7 @@ def test_a_null_in_a_non_nullable_key_fails_the_native_write_and_leaves_nothing(
     d = str(ShardId.new())
     PersistClient.open(url).register_schema(d, SCHEMA)
     bad = spark.createDataFrame([(1, "a", 1.0, True, dt.date(2026, 1, 1)), (None, "b", 2.0, False, None)], DDL)
-    with pytest.raises(SchemaMismatch, match="'id'.*not nullable"):
+    with pytest.raises(SchemaMismatch, match=r"'id'.*not nullable"):
         txns.spark.write_batch(bad, url, d, SCHEMA, native=True)
     assert not list(open_location(url).blob.list_keys(f"{d}/parts/"))
     assert not list((tmp_path / "store" / "spark-staging").iterdir())
