@@ -12,10 +12,11 @@ Protocol of :func:`write_native`:
 
 1. Spark writes the DataFrame, projected to the shard's key and val
    columns plus ``ts`` (0) and ``diff`` (1, or the given column as a long),
-   sorted within each Spark partition by every column (nulls last, as
-   persist sorts), as Parquet files into a staging directory beside the
-   blobs (``{root}/spark-staging/{uuid}``), at most ``rows_per_part`` rows
-   a file. No row goes through Python.
+   as Parquet files into a staging directory beside the blobs
+   (``{root}/spark-staging/{uuid}``), at most ``rows_per_part`` rows a file,
+   in the DataFrame's order: no row goes through Python, and no sort (parts
+   may be unsorted; their key bounds are the first column's min and max,
+   whatever the order, so pruning stays exact).
 2. The driver takes each file in turn: its footer gives the row count and
    the null counts (a null in a non-nullable field fails the write with
    ``SchemaMismatch``, everything staged deleted); its bytes give size and
@@ -97,7 +98,6 @@ def write_native(
     staging = staging_root / uuid.uuid4().hex
     diff = col("diff").cast("long") if "diff" in columns else F.lit(1).cast("long")
     out = df.select(*[col(n) for n in names], F.lit(0).cast("long").alias("ts"), diff.alias("diff"))
-    out = out.sortWithinPartitions(*[col(n).asc_nulls_last() for n in names])
     try:
         out.write.option("maxRecordsPerFile", rows_per_part).parquet(str(staging))
         files = sorted(p for p in staging.iterdir() if p.name.endswith(".parquet"))
