@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist._internal import parts as _parts
+from persist._internal.codec import crc32c
 from persist._internal.parts import (
     PartRef,
     Run,
@@ -133,6 +134,16 @@ def replan(read: Callable[[], T], attempts: int = REPLAN_ATTEMPTS) -> T:
     raise AssertionError("unreachable")
 
 
+def describe_part(key: str, data: bytes, rows: int, first_column: pa.Table) -> PartRef:
+    """The descriptor of a part written by someone else (Spark's Parquet writer) as ``data`` at ``key``.
+
+    Size and CRC-32C of ``data``; key bounds from ``first_column`` (a table
+    of the part's first column alone), exactly as persist's own writes compute them.
+    """
+    lo, hi = _parts.first_column_bounds(first_column)
+    return PartRef(key=key, rows=rows, size=len(data), crc=crc32c(data), lo=lo, hi=hi)
+
+
 __all__ = [
     "REPLAN_ATTEMPTS",
     "CorruptObject",
@@ -145,6 +156,7 @@ __all__ = [
     "bound_value",
     "consolidate",
     "decode_inline",
+    "describe_part",
     "fetch_part",
     "part_written_ms",
     "prune_runs",

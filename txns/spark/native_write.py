@@ -47,9 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from persist import Schema, SchemaMismatch
-from persist._internal.codec import crc32c
-from persist._internal.parts import first_column_bounds
-from persist.manifest import PartRef
+from persist.manifest import PartRef, describe_part
 from persist.url import local_path
 
 if TYPE_CHECKING:
@@ -99,7 +97,8 @@ def write_native(
     diff = col("diff").cast("long") if "diff" in columns else F.lit(1).cast("long")
     out = df.select(*[col(n) for n in names], F.lit(0).cast("long").alias("ts"), diff.alias("diff"))
     try:
-        out.write.option("maxRecordsPerFile", rows_per_part).parquet(str(staging))
+        writer = out.write.option("maxRecordsPerFile", rows_per_part).option("compression", "zstd")
+        writer.parquet(str(staging))  # (zstd, as persist's own parts)
         files = sorted(p for p in staging.iterdir() if p.name.endswith(".parquet"))
         required = [f.name for f in schema.arrow if not f.nullable] + ["diff"]
         for f in files:
@@ -134,7 +133,6 @@ def _adopt(path: Path, parts_dir: Path, data_id: str) -> PartRef:
     data = path.read_bytes()
     meta = pq.read_metadata(pa.BufferReader(data))
     first = pq.read_table(pa.BufferReader(data), columns=[meta.schema.column(0).name])
-    lo, hi = first_column_bounds(first)
     name = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
     dest = parts_dir / name
     fd = os.open(path, os.O_RDONLY)
@@ -143,7 +141,7 @@ def _adopt(path: Path, parts_dir: Path, data_id: str) -> PartRef:
     finally:
         os.close(fd)
     os.replace(path, dest)
-    return PartRef(f"{data_id}/parts/{name}", meta.num_rows, len(data), crc32c(data), lo, hi)
+    return describe_part(f"{data_id}/parts/{name}", data, meta.num_rows, first)
 
 
 def _fsync_dir(path: Path) -> None:
