@@ -232,7 +232,9 @@ def run_big(rows: int, rounds: int = 5) -> None:
             for mode, _label in modes:
                 out = subprocess.run(
                     [sys.executable, "-c", _CHILD, mode, url, json.dumps(files)],
-                    capture_output=True, text=True, check=True,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                     env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
                 )
                 runs[mode].append(json.loads(out.stdout))

@@ -55,7 +55,15 @@ PAYLOAD = "x" * 100
 
 
 def _worker(
-    url: str, txns_id: str, data_id: str, mode: str, threads: int, ready: Any, go: Any, stop: Any, out: Any,
+    url: str,
+    txns_id: str,
+    data_id: str,
+    mode: str,
+    threads: int,
+    ready: Any,
+    go: Any,
+    stop: Any,
+    out: Any,
     worker: int,
 ) -> None:
     client = PersistClient.open(url)
@@ -95,8 +103,11 @@ def _worker(
         th.start()
     for th in ths:
         th.join()
-    stats = {"queued": group.queued if group else 0, "grouped": group.grouped if group else 0,
-             "rounds": group.rounds if group else 0}
+    stats = {
+        "queued": group.queued if group else 0,
+        "grouped": group.grouped if group else 0,
+        "rounds": group.rounds if group else 0,
+    }
     if group is not None:
         group.close()
     for h in handles:

@@ -126,8 +126,15 @@ def propagate_owner() -> None:
     ThreadPoolExecutor.submit = submit  # type: ignore[method-assign]
 
 
-_VERB = {"PutObject": "PUT", "GetObject": "GET", "ListObjectsV2": "LIST", "DeleteObject": "DELETE",
-         "DeleteObjects": "DELETE", "HeadObject": "HEAD", "HeadBucket": "HEAD"}
+_VERB = {
+    "PutObject": "PUT",
+    "GetObject": "GET",
+    "ListObjectsV2": "LIST",
+    "DeleteObject": "DELETE",
+    "DeleteObjects": "DELETE",
+    "HeadObject": "HEAD",
+    "HeadBucket": "HEAD",
+}
 
 
 class OwnedWire(Counter):
@@ -198,8 +205,22 @@ def marker(s: Snapshot, who: str, what: str) -> int:
     return s.get(f"{who}|{what}", Stat()).requests
 
 
-_ORDER = ["LIST txns", "GET txns", "PUT txns", "LIST catalog", "GET catalog", "PUT catalog", "LIST data", "GET data",
-          "PUT data", "GET part", "PUT part", "LIST commits", "GET commits", "PUT commits"]
+_ORDER = [
+    "LIST txns",
+    "GET txns",
+    "PUT txns",
+    "LIST catalog",
+    "GET catalog",
+    "PUT catalog",
+    "LIST data",
+    "GET data",
+    "PUT data",
+    "GET part",
+    "PUT part",
+    "LIST commits",
+    "GET commits",
+    "PUT commits",
+]
 
 
 def fmt_per(counts: dict[str, int], n: int) -> str:
@@ -322,8 +343,13 @@ def transfer_fn(a: int, b: int, amount: int = 1) -> Any:
     def transfer(t: Any) -> None:
         ra = t.get("accounts", acct(a))
         rb = t.get("accounts", acct(b))
-        t.upsert("accounts", [{"account": acct(a), "balance": ra["balance"] - amount},
-                              {"account": acct(b), "balance": rb["balance"] + amount}])
+        t.upsert(
+            "accounts",
+            [
+                {"account": acct(a), "balance": ra["balance"] - amount},
+                {"account": acct(b), "balance": rb["balance"] + amount},
+            ],
+        )
 
     return transfer
 
@@ -427,17 +453,43 @@ class Cell:
             req, lost_s = "-", "-"
         grouped = f"{self.groups[1] / self.groups[0]:.2f}" if self.groups and self.groups[0] else "-"
         return [
-            self.backend, self.mode, self.workers, SHORT[self.level], n, f"{n / elapsed:.1f}",
-            f"{p(0.5):.0f} / {p(0.99):.0f}", f"{r.reruns / n:.2f}" if n else "-",
+            self.backend,
+            self.mode,
+            self.workers,
+            SHORT[self.level],
+            n,
+            f"{n / elapsed:.1f}",
+            f"{p(0.5):.0f} / {p(0.99):.0f}",
+            f"{r.reruns / n:.2f}" if n else "-",
             f"{r.unchanged_commits} ({100 * r.unchanged_commits / n:.0f}%)" if n else "-",
-            f"{r.validations} / {r.unchanged}", reasons, r.gave_up, r.uncertain, grouped, req, lost_s,
+            f"{r.validations} / {r.unchanged}",
+            reasons,
+            r.gave_up,
+            r.uncertain,
+            grouped,
+            req,
+            lost_s,
         ]
 
 
-HEADERS = ["backend", "workers as", "workers", "isolation", "commits", "commits/s", "latency ms p50 / p99",
-           "re-runs per commit", "commits via 'inputs unchanged'", "validations / unchanged", "conflicts found",
-           "gave up", "uncertain retries", "txns per commit write", "requests per commit: txn / worker",
-           "lost CAS per commit"]
+HEADERS = [
+    "backend",
+    "workers as",
+    "workers",
+    "isolation",
+    "commits",
+    "commits/s",
+    "latency ms p50 / p99",
+    "re-runs per commit",
+    "commits via 'inputs unchanged'",
+    "validations / unchanged",
+    "conflicts found",
+    "gave up",
+    "uncertain retries",
+    "txns per commit write",
+    "requests per commit: txn / worker",
+    "lost CAS per commit",
+]
 
 
 def fresh_url(backend: str, endpoint: str | None, tmp: str) -> str:
@@ -531,9 +583,11 @@ def child_main(args: argparse.Namespace) -> None:
     counts = diff(wire.snapshot(), before) if wire and before is not None else None
     g1 = group_stats([db])
     db.close()
-    out = {"rec": rec.to_json(),
-           "counts": {k: [v.requests, v.bytes_out, v.bytes_in] for k, v in (counts or {}).items()},
-           "groups": [g1[0] - g0[0], g1[1] - g0[1]] if g0 is not None and g1 is not None else None}
+    out = {
+        "rec": rec.to_json(),
+        "counts": {k: [v.requests, v.bytes_out, v.bytes_in] for k, v in (counts or {}).items()},
+        "groups": [g1[0] - g0[0], g1[1] - g0[1]] if g0 is not None and g1 is not None else None,
+    }
     print(json.dumps(out), flush=True)
 
 
@@ -541,8 +595,14 @@ def run_processes(url: str, backend: str, level: str, workers: int, seconds: flo
     procs = []
     for i in range(workers):
         spec = {"url": url, "level": level, "accounts": accounts, "seed": seed * 1000 + i}
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         for p in procs:
             assert p.stdout is not None
@@ -572,8 +632,17 @@ def run_processes(url: str, backend: str, level: str, workers: int, seconds: flo
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return Cell(backend, "processes", workers, level, seconds, rec, counts, start,
-                (groups[0], groups[1]) if groups is not None else None)
+    return Cell(
+        backend,
+        "processes",
+        workers,
+        level,
+        seconds,
+        rec,
+        counts,
+        start,
+        (groups[0], groups[1]) if groups is not None else None,
+    )
 
 
 def run_throughput(args: argparse.Namespace, endpoint: str | None, tmp: str, results: dict) -> None:
@@ -588,29 +657,51 @@ def run_throughput(args: argparse.Namespace, endpoint: str | None, tmp: str, res
                 if mode == "processes":
                     cell = run_processes(url, backend, level, workers, args.seconds, args.accounts, args.seed)
                 else:
-                    cell = run_threads(url, backend, level, workers, args.seconds, args.accounts, args.seed,
-                                       shared=mode == "shared")
+                    cell = run_threads(
+                        url, backend, level, workers, args.seconds, args.accounts, args.seed, shared=mode == "shared"
+                    )
                 cells.append(cell)
-                print(f"  {backend} {mode} x{workers} {SHORT[level]}: {len(cell.rec.latencies)} commits ({load()})",
-                      file=sys.stderr, flush=True)
-    print_table(HEADERS, [c.row() for c in cells],
-                title=f"Transfers per second ({args.accounts} accounts, {args.seconds:g} s per row; {load()})")
+                print(
+                    f"  {backend} {mode} x{workers} {SHORT[level]}: {len(cell.rec.latencies)} commits ({load()})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print_table(
+        HEADERS,
+        [c.row() for c in cells],
+        title=f"Transfers per second ({args.accounts} accounts, {args.seconds:g} s per row; {load()})",
+    )
     # where the requests of a commit go, per row (S3)
     rows = []
     for c in cells:
         if c.counts is None or not c.rec.latencies:
             continue
         n = len(c.rec.latencies)
-        rows.append([c.mode, c.workers, SHORT[c.level], fmt_per(by_owner(c.counts, "txn"), n),
-                     fmt_per(by_owner(c.counts, "worker"), n)])
+        rows.append(
+            [
+                c.mode,
+                c.workers,
+                SHORT[c.level],
+                fmt_per(by_owner(c.counts, "txn"), n),
+                fmt_per(by_owner(c.counts, "worker"), n),
+            ]
+        )
     if rows:
         print_table(
             ["workers as", "workers", "isolation", "committing threads, per commit", "apply worker, per commit"],
-            rows, title="Requests per committed transfer by kind (S3/moto, wire)",
+            rows,
+            title="Requests per committed transfer by kind (S3/moto, wire)",
         )
     results["throughput"] = [
-        {"backend": c.backend, "mode": c.mode, "workers": c.workers, "level": c.level, "row": c.row(),
-         "counts": {k: v.requests for k, v in (c.counts or {}).items()}} for c in cells
+        {
+            "backend": c.backend,
+            "mode": c.mode,
+            "workers": c.workers,
+            "level": c.level,
+            "row": c.row(),
+            "counts": {k: v.requests for k, v in (c.counts or {}).items()},
+        }
+        for c in cells
     ]
 
 
@@ -692,18 +783,37 @@ def run_requests(args: argparse.Namespace, endpoint: str, results: dict) -> None
             extra = {
                 k: v for k, v in ((k, txn_c.get(k, 0) - floor.get(k, 0) * n) for k in set(txn_c) | set(floor)) if v
             }
-            rows.append([SHORT[level], kind, what, f"{sum(txn_c.values()) / n:.2f}", fmt_per(txn_c, n), floor_s,
-                         fmt_per(extra, n) if extra else "none", f"{statistics.median(times) * 1000:.0f}",
-                         f"{sum(wrk_c.values()) / n:.2f}" + (f" ({fmt_per(wrk_c, n)})" if wrk_c else "")])
+            rows.append(
+                [
+                    SHORT[level],
+                    kind,
+                    what,
+                    f"{sum(txn_c.values()) / n:.2f}",
+                    fmt_per(txn_c, n),
+                    floor_s,
+                    fmt_per(extra, n) if extra else "none",
+                    f"{statistics.median(times) * 1000:.0f}",
+                    f"{sum(wrk_c.values()) / n:.2f}" + (f" ({fmt_per(wrk_c, n)})" if wrk_c else ""),
+                ]
+            )
             raw.append({"level": level, "kind": kind, "txn": txn_c, "worker": wrk_c, "n": n, "ms": times})
             print(f"  requests: {SHORT[level]} {kind} done ({load()})", file=sys.stderr, flush=True)
     db.close()
     print_table(
-        ["isolation", "transaction", "what it does", "requests", "requests by kind (per txn)", "floor",
-         "beyond the floor", "ms (median)", "apply worker, per txn"],
+        [
+            "isolation",
+            "transaction",
+            "what it does",
+            "requests",
+            "requests by kind (per txn)",
+            "floor",
+            "beyond the floor",
+            "ms (median)",
+            "apply worker, per txn",
+        ],
         rows,
         title=f"Requests per transaction, one database object, {args.txns} in a row after {args.warmup} warm-up "
-              f"(S3/moto, wire; {load()})",
+        f"(S3/moto, wire; {load()})",
     )
     results["requests"] = raw
 
@@ -716,8 +826,13 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=["throughput", "requests"], default=["throughput", "requests"])
     p.add_argument("--seconds", type=float, default=5.0, help="seconds per throughput row")
     p.add_argument("--threads", type=int, nargs="*", default=[1, 4, 16], help="worker threads per row")
-    p.add_argument("--shared-threads", type=int, nargs="*", default=[4, 16],
-                   help="worker threads sharing one database object (group commit) per row")
+    p.add_argument(
+        "--shared-threads",
+        type=int,
+        nargs="*",
+        default=[4, 16],
+        help="worker threads sharing one database object (group commit) per row",
+    )
     p.add_argument("--processes", type=int, nargs="*", default=[1, 4], help="worker processes per row")
     p.add_argument("--backends", nargs="+", choices=["s3", "file"], default=["s3"])
     p.add_argument("--accounts", type=int, default=100)

@@ -147,16 +147,43 @@ def main() -> None:
             for executor, workers in (("threads", None), ("processes", args.workers)):
                 r = batch(root, fns, accounts, executor, workers)
                 same = r.pop("state") == s_state
-                results["runs"].append({"accounts": accounts, "executor": executor, **r, "serial_seconds": s_seconds,
-                                        "serial_aborts": s_aborts, "same_as_serial": same})
-                rows.append([
-                    accounts, executor if workers is None else f"{executor} ({workers})", f"{r['seconds']:.2f}",
-                    f"{r['executions_per_txn']:.3f}", r["repairs"], r["aborts"], r["attempts"],
-                    f"{s_seconds:.2f}", f"{s_seconds / r['seconds']:.1f}x", "yes" if same else "NO",
-                ])
+                results["runs"].append(
+                    {
+                        "accounts": accounts,
+                        "executor": executor,
+                        **r,
+                        "serial_seconds": s_seconds,
+                        "serial_aborts": s_aborts,
+                        "same_as_serial": same,
+                    }
+                )
+                rows.append(
+                    [
+                        accounts,
+                        executor if workers is None else f"{executor} ({workers})",
+                        f"{r['seconds']:.2f}",
+                        f"{r['executions_per_txn']:.3f}",
+                        r["repairs"],
+                        r["aborts"],
+                        r["attempts"],
+                        f"{s_seconds:.2f}",
+                        f"{s_seconds / r['seconds']:.1f}x",
+                        "yes" if same else "NO",
+                    ]
+                )
     print_table(
-        ["accounts", "run_batch executor", "batch s", "executions/txn", "repairs", "aborts", "attempts",
-         "db.run one by one s", "speed-up", "same as serial"],
+        [
+            "accounts",
+            "run_batch executor",
+            "batch s",
+            "executions/txn",
+            "repairs",
+            "aborts",
+            "attempts",
+            "db.run one by one s",
+            "speed-up",
+            "same as serial",
+        ],
         rows,
         title=f"{n} transfers: run_batch vs db.run one by one (file://)",
     )

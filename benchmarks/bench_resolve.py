@@ -73,8 +73,14 @@ def workload(ids: range | list[int], keys: int, scale: int = 1) -> pa.Table:
             cols["is_read"].append(False)
             cols["key"].append(k)
             cols["val"].append(f"{g * scale}:{k}")
-    return pa.table({"id": pa.array(cols["id"], pa.int64()), "is_read": cols["is_read"],
-                     "key": pa.array(cols["key"], pa.string()), "val": pa.array(cols["val"], pa.string())})
+    return pa.table(
+        {
+            "id": pa.array(cols["id"], pa.int64()),
+            "is_read": cols["is_read"],
+            "key": pa.array(cols["key"], pa.string()),
+            "val": pa.array(cols["val"], pa.string()),
+        }
+    )
 
 
 def timed(f: Callable[[], Any]) -> tuple[float, Any]:
@@ -109,24 +115,41 @@ def main() -> None:
     _, after2 = timed(lambda: remove_committed_reads(after1, res))
     t_all, kept = timed(lambda: maintain(intents, res))
     t_dead, _ = timed(lambda: dead_intents(intents, res))
-    counts = {"intents": intents.num_rows, "to_rollback": res.rollback.num_rows, "store": res.store.num_rows,
-              "rounds": res.rounds, "task1_removes": intents.num_rows - after1.num_rows,
-              "task2_removes": after1.num_rows - after2.num_rows, "task3_removes": after2.num_rows - kept.num_rows}
+    counts = {
+        "intents": intents.num_rows,
+        "to_rollback": res.rollback.num_rows,
+        "store": res.store.num_rows,
+        "rounds": res.rounds,
+        "task1_removes": intents.num_rows - after1.num_rows,
+        "task2_removes": after1.num_rows - after2.num_rows,
+        "task3_removes": after2.num_rows - kept.num_rows,
+    }
     results["counts"] = counts
-    print_table(["intents", "to_rollback", "store", "rounds", "task 1 removes", "task 2 removes", "task 3 removes"],
-                [list(counts.values())], title=f"{args.txns:,} transactions over {args.keys:,} keys: counts")
+    print_table(
+        ["intents", "to_rollback", "store", "rounds", "task 1 removes", "task 2 removes", "task 3 removes"],
+        [list(counts.values())],
+        title=f"{args.txns:,} transactions over {args.keys:,} keys: counts",
+    )
     rows = [
-        ["resolve (batch fixpoint): rollback + store", ms(t_batch),
-         f"{POST_ROLLBACK_S:.1f} s + {POST_STORE_S:.1f} s", f"{(POST_ROLLBACK_S + POST_STORE_S) / t_batch:,.0f}x"],
+        [
+            "resolve (batch fixpoint): rollback + store",
+            ms(t_batch),
+            f"{POST_ROLLBACK_S:.1f} s + {POST_STORE_S:.1f} s",
+            f"{(POST_ROLLBACK_S + POST_STORE_S) / t_batch:,.0f}x",
+        ],
         ["sequential model (pure Python)", ms(t_seq), "", ""],
         ["Resolver.add of everything (incremental, from empty)", ms(t_inc), "", ""],
         ["maintain (all three tasks)", ms(t_all), "", ""],
         ["dead_intents (rows to DELETE)", ms(t_dead), "", ""],
     ]
-    print_table(["from scratch", "time", "post (Materialize, from scratch)", "post / ours"], rows,
-                title="From scratch")
-    results["scratch_s"] = {"resolve": t_batch, "sequential": t_seq, "resolver_add": t_inc, "maintain": t_all,
-                            "dead_intents": t_dead}
+    print_table(["from scratch", "time", "post (Materialize, from scratch)", "post / ours"], rows, title="From scratch")
+    results["scratch_s"] = {
+        "resolve": t_batch,
+        "sequential": t_seq,
+        "resolver_add": t_inc,
+        "maintain": t_all,
+        "dead_intents": t_dead,
+    }
 
     # 2. incremental: a history with even ids, then batches of 25 transactions (100 intents)
     added = [workload(range(1, args.txns + 1), args.keys, scale=2)]
@@ -155,20 +178,37 @@ def main() -> None:
     t_rb, _ = timed(lambda: hist.rollback)
     t_store, store = timed(lambda: hist.store)
     rows = [
-        ["add 100 intents, ids past all (p50 / max)", f"{ms(statistics.median(top))} / {ms(max(top))}",
-         f"{statistics.mean(evals_top):.0f}", f"{POST_READ_S / statistics.median(top):,.0f}x"],
-        ["add 100 intents, ids in the middle (p50 / max)", f"{ms(statistics.median(below))} / {ms(max(below))}",
-         f"{statistics.mean(evals_below):.0f}", f"{POST_READ_S / statistics.median(below):,.0f}x"],
+        [
+            "add 100 intents, ids past all (p50 / max)",
+            f"{ms(statistics.median(top))} / {ms(max(top))}",
+            f"{statistics.mean(evals_top):.0f}",
+            f"{POST_READ_S / statistics.median(top):,.0f}x",
+        ],
+        [
+            "add 100 intents, ids in the middle (p50 / max)",
+            f"{ms(statistics.median(below))} / {ms(max(below))}",
+            f"{statistics.mean(evals_below):.0f}",
+            f"{POST_READ_S / statistics.median(below):,.0f}x",
+        ],
         ["read rollback (Arrow table, all rows)", ms(t_rb), "", f"{POST_READ_S / t_rb:,.1f}x"],
         [f"read store (Arrow table, {store.num_rows:,} rows)", ms(t_store), "", f"{POST_READ_S / t_store:,.1f}x"],
     ]
-    print_table(["incremental", "time", "txns evaluated", "post ~30 ms / ours"], rows,
-                title=f"Incremental, on a resolver holding {args.txns + 50 * args.batches:,} transactions "
-                f"({hist.rollback.num_rows:,} rolled back, {hist.rounds} rounds)")
+    print_table(
+        ["incremental", "time", "txns evaluated", "post ~30 ms / ours"],
+        rows,
+        title=f"Incremental, on a resolver holding {args.txns + 50 * args.batches:,} transactions "
+        f"({hist.rollback.num_rows:,} rolled back, {hist.rounds} rounds)",
+    )
     check = resolve(pa.concat_tables(added))
     assert hist.rollback.equals(check.rollback), "incremental and batch disagree"
-    results["incremental_s"] = {"top": top, "below": below, "evals_top": evals_top, "evals_below": evals_below,
-                                "read_rollback": t_rb, "read_store": t_store}
+    results["incremental_s"] = {
+        "top": top,
+        "below": below,
+        "evals_top": evals_top,
+        "evals_below": evals_below,
+        "read_rollback": t_rb,
+        "read_store": t_store,
+    }
     emit_json(args.json, results)
 
 

@@ -52,12 +52,31 @@ def main() -> None:
             t2 = time.perf_counter()
             frac = 1 - res.rollback.num_rows / args.txns
             base = frac if base is None else base
-            rows.append([strategy, f"{frac:.3f}", f"{frac - base:+.3f}", res.rounds,
-                         f"{(t1 - t0) * 1e3:.0f} ms", f"{(t2 - t1) * 1e3:.0f} ms"])
-            results["runs"].append({"keys": keys, "strategy": strategy, "committed_fraction": frac,
-                                    "rounds": res.rounds, "reorder_s": t1 - t0, "resolve_s": t2 - t1})
-        print_table(["strategy", "committed", "gain vs id order", "rounds", "reorder", "resolve"], rows,
-                    title=f"{args.txns:,} transactions over {keys:,} keys")
+            rows.append(
+                [
+                    strategy,
+                    f"{frac:.3f}",
+                    f"{frac - base:+.3f}",
+                    res.rounds,
+                    f"{(t1 - t0) * 1e3:.0f} ms",
+                    f"{(t2 - t1) * 1e3:.0f} ms",
+                ]
+            )
+            results["runs"].append(
+                {
+                    "keys": keys,
+                    "strategy": strategy,
+                    "committed_fraction": frac,
+                    "rounds": res.rounds,
+                    "reorder_s": t1 - t0,
+                    "resolve_s": t2 - t1,
+                }
+            )
+        print_table(
+            ["strategy", "committed", "gain vs id order", "rounds", "reorder", "resolve"],
+            rows,
+            title=f"{args.txns:,} transactions over {keys:,} keys",
+        )
     emit_json(args.json, results)
 
 

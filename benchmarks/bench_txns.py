@@ -171,7 +171,7 @@ def register_chunked(txns: TxnsHandle, shards: list[str], chunk: int) -> float:
     t0 = time.perf_counter()
     for i in range(0, len(shards), chunk):
         ts = txns.upper
-        txns.register(ts, dict.fromkeys(shards[i:i + chunk], SCHEMA))
+        txns.register(ts, dict.fromkeys(shards[i : i + chunk], SCHEMA))
     return time.perf_counter() - t0
 
 

@@ -77,6 +77,7 @@ def session_defaults(spark: SparkSession) -> Iterator[None]:
         for k, v in mine.items():
             spark.conf.set(k, v)
 
+
 SPARK_EXAMPLES = int(os.environ.get("RESOLVE_SPARK_EXAMPLES", "6"))
 """Hypothesis examples of the Spark-vs-Python property (each bundles 1-3 workloads): 6 in CI, more on demand."""
 

@@ -78,8 +78,8 @@ def check_executors(spark: SparkSession) -> None:
     """
     try:
         key = spark.sparkContext.applicationId
-    except Exception:  # noqa: BLE001 - Spark Connect has no sparkContext
-        key = str(id(spark))
+    except Exception:  # noqa: BLE001 - Spark Connect has no sparkContext (nor RDDs): nothing to probe with
+        return
     if key in _CHECKED_SESSIONS:
         return
     namespace: dict[str, Any] = {"__name__": "txns_executor_probe"}

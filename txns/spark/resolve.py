@@ -132,11 +132,15 @@ def resolve(
     by_key_ordered = Window.partitionBy("key").orderBy(i, r.desc())
     running = by_key_ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     same_slot = (F.lag(i).over(by_key_ordered) == i) & (F.lag(r).over(by_key_ordered) == r)
-    prepared = intents_df.select(*COLUMNS).distinct().select(
-        *COLUMNS,
-        F.coalesce(same_slot, F.lit(False)).alias("dup"),
-        (F.count(F.when(~r, 1)).over(running) > 0).alias("seen_write"),  # for a read: a write at a smaller id
-        F.max(F.when(r, i)).over(Window.partitionBy("key")).alias("last_read"),
+    prepared = (
+        intents_df.select(*COLUMNS)
+        .distinct()
+        .select(
+            *COLUMNS,
+            F.coalesce(same_slot, F.lit(False)).alias("dup"),
+            (F.count(F.when(~r, 1)).over(running) > 0).alias("seen_write"),  # for a read: a write at a smaller id
+            F.max(F.when(r, i)).over(Window.partitionBy("key")).alias("last_read"),
+        )
     )
     fails_always = r & ~F.col("seen_write") & v.isNotNull()
     prepared = prepared.select(

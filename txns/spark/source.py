@@ -59,6 +59,7 @@ from persist import InvalidUsage, LeaseExpired, PersistClient, ReadBelowSince, R
 from persist.manifest import apply_rewrite
 from txns.errors import NotRegistered
 from txns.handle import TxnsHandle
+from txns.spark import table_read, table_write
 from txns.spark._common import arrow_schema, check_url, plan_tasks, read_task, spark_struct, to_spark_arrow, ts_as_int64
 from txns.spark.read import release
 
@@ -116,8 +117,6 @@ class TxnsDataSource(DataSource):
 
     def schema(self) -> StructType:
         if by_name(self.options):
-            from txns.spark import table_read
-
             return table_read.table_schema(self.options)
         opts = Options.parse(self.options)
         schema = PersistClient.open(opts.url).shard_schema(opts.data_id)
@@ -127,26 +126,18 @@ class TxnsDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if by_name(self.options):
-            from txns.spark import table_read
-
             return table_read.TableBatchReader(self.options, schema)
         return TxnsBatchReader(Options.parse(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if by_name(self.options):
-            from txns.spark import table_read
-
-            return table_read.table_stream_reader(self.options, schema)
+            return table_stream_reader(self.options, schema)
         return TxnsStreamReader(Options.parse(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from txns.spark import table_write
-
         return table_write.TableWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from txns.spark import table_write
-
         return table_write.TableStreamWriter(self.options, schema, overwrite)
 
 
@@ -336,3 +327,30 @@ class TxnsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._handle is not None:
             release(self._handle)
             self._handle = None
+
+
+# ---- streams of tables by name -----------------------------------------------------------------------------
+
+
+def table_stream_reader(options: Mapping[str, str], schema: StructType) -> DataSourceStreamReader:
+    """``spark.readStream.format("txns").option("url", url).option("changes", "true").load(name)``.
+
+    Resolves the table (at ``asOf``, else the latest time) to its data shard
+    and the database's txns shard now, and streams them with
+    :class:`txns.spark.source.TxnsStreamReader`.
+    """
+    opts = table_read.TableOptions.parse(options)
+    names = [f.name for f in schema.fields]
+    if names[-2:] != ["ts", "diff"]:
+        raise InvalidUsage(
+            f"a stream of table {opts.name!r} emits its updates: the table's columns plus ts and diff; "
+            f"add .option('changes', 'true') to spark.readStream (the schema is chosen before Spark says "
+            f"it is a stream)"
+        )
+    if opts.start is not None or opts.end is not None:
+        raise InvalidUsage("a stream starts at asOf (default: the latest time), not at start/end")
+    with opts.connect() as db:
+        ts = db.resolve(opts.as_of)
+        entry = db.entry(opts.name, ts)
+        txns_id = db.root.txns_id
+    return TxnsStreamReader(Options(opts.url, txns_id, entry.data_id, None if opts.as_of is None else ts), schema)
