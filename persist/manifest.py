@@ -46,6 +46,7 @@ from persist._internal.parts import (
     bound_value,
     consolidate,
     decode_inline,
+    keep_parts,
     part_written_ms,
     prune_runs,
 )
@@ -158,6 +159,7 @@ __all__ = [
     "decode_inline",
     "describe_part",
     "fetch_part",
+    "keep_parts",
     "part_written_ms",
     "prune_runs",
     "read_plan",

@@ -34,7 +34,7 @@ import bisect
 import io
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -275,6 +275,11 @@ def prune_runs(runs: tuple[Run, ...], values: Iterable[Bound | None]) -> tuple[R
         i = 0 if ref.lo is None else bisect.bisect_left(ordered, ref.lo)
         return i < len(ordered) and ref.may_contain_first_key(ordered[i])
 
+    return keep_parts(runs, keep)
+
+
+def keep_parts(runs: tuple[Run, ...], keep: Callable[[PartRef], bool]) -> tuple[Run, ...]:
+    """``runs`` with only the parts ``keep`` accepts; inline rows kept, a run left empty dropped, rows recounted."""
     out = []
     for run in runs:
         parts = tuple(p for p in run.parts if keep(p))

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from persist import Batch, InvalidUsage, PartRetired, Schema, SchemaMismatch
-from persist.manifest import PartRef, Run, bound_value
+from persist.manifest import PartRef, Run, bound_value, keep_parts
 from txns.db.catalog import TableEntry, data_schema
 from txns.db.errors import DuplicateKey, InvalidPrimaryKey, TransactionConflict
 from txns.db.keyed import describe_key
@@ -341,15 +341,7 @@ def prune_range(runs: tuple[Run, ...], lo: Any, hi: Any) -> tuple[Run, ...]:
             return True
         return lo is not None and phi is not None and type(phi) is type(lo) and bool(phi < lo)
 
-    out: list[Run] = []
-    for run in runs:
-        parts = tuple(p for p in run.parts if not outside(p))
-        if len(parts) == len(run.parts):
-            out.append(run)
-        elif parts or run.inline is not None:
-            rows = run.rows - sum(p.rows for p in run.parts) + sum(p.rows for p in parts)
-            out.append(Run(parts, run.inline, rows, run.ts_rewrite, run.distinct_kv))
-    return tuple(out)
+    return keep_parts(runs, lambda p: not outside(p))
 
 
 def _check_frame(df: object, what: str) -> None:
