@@ -396,4 +396,23 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_FAILED
 
 
-__all__ = ["CliError", "TxnsView", "build_parser", "inspect_txns", "main", "render_inspect"]
+def entry() -> None:
+    """The ``txns`` command and ``python -m txns``: :func:`main`, then exit at once with its status.
+
+    Everything a command does is durable or reported before :func:`main`
+    returns, so the process flushes its output and ends with ``os._exit``,
+    skipping interpreter finalization: pyarrow's native thread pools can
+    abort a finishing process there (``terminate called without an active
+    exception``, exit -6; apache/arrow#34314), which would turn a command
+    that succeeded into a crash.
+    """
+    rc = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe: nothing more to say
+            pass
+    os._exit(rc)
+
+
+__all__ = ["CliError", "TxnsView", "build_parser", "entry", "inspect_txns", "main", "render_inspect"]
