@@ -59,7 +59,16 @@ _NAME_MAX = 255
 _MAX_RELISTS = 100
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Make ``path`` (a file, or a directory's entries) durable."""
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
     """Make the directory entries of ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -84,7 +93,7 @@ def _makedirs_durable(path: Path) -> None:
             if not d.is_dir():
                 raise
             continue
-        _fsync_dir(d.parent)
+        fsync_dir(d.parent)
     if not path.is_dir():
         raise NotADirectoryError(f"not a directory: {str(path)!r}")
 
@@ -172,7 +181,7 @@ class FileBlob(Blob):
             _unlink_quietly(tmp)
             raise Determinate(f"file blob set {key!r}: replacing {str(path)!r} failed: {e}") from e
         try:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as e:
             raise Indeterminate(
                 f"file blob set {key!r}: fsync of {str(path.parent)!r} failed: {e}"
@@ -187,7 +196,7 @@ class FileBlob(Blob):
         except OSError as e:
             raise Determinate(f"file blob delete {key!r} ({str(path)!r}) failed: {e}") from e
         try:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as e:
             raise Indeterminate(
                 f"file blob delete {key!r}: fsync of {str(path.parent)!r} failed: {e}"
@@ -324,7 +333,7 @@ class FileConsensus(Consensus):
         finally:
             _unlink_quietly(tmp)
         try:
-            _fsync_dir(d)
+            fsync_dir(d)
         except OSError as e:
             raise Indeterminate(
                 f"file consensus compare_and_set {key!r}: fsync of {str(d)!r} failed: {e}"
@@ -374,7 +383,7 @@ class FileConsensus(Consensus):
                 except FileNotFoundError:
                     pass  # a concurrent truncate got it first
             if deleted:
-                _fsync_dir(d)
+                fsync_dir(d)
         except OSError as e:
             raise Indeterminate(
                 f"file consensus truncate {key!r} to {seqno} failed after deleting {deleted} "

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from typing import TypeVar, cast
 
@@ -193,6 +193,16 @@ def _footer_bounds(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     return ts_max, diff_min
 
 
+def conjunction(terms: Sequence[pc.Expression]) -> pc.Expression | None:
+    """``terms`` joined with AND; None when there are none."""
+    if not terms:
+        return None
+    e = terms[0]
+    for t in terms[1:]:
+        e = e & t
+    return e
+
+
 def check_columns(schema: pa.Schema, columns: object) -> list[str]:
     """The projection as a list of column names, or InvalidUsage."""
     if columns is None:
@@ -256,12 +266,7 @@ class PlanReader:
             terms.append(self.filter)
         if negative_only:
             terms.append(pc.field("diff") < 0)
-        if not terms:
-            return None
-        e = terms[0]
-        for t in terms[1:]:
-            e = e & t
-        return e
+        return conjunction(terms)
 
     def _finish(self, table: pa.Table, run: Run) -> pa.Table:
         return table.select([*self.columns, "diff"]).cast(pa.schema([*self.out_schema, self.arrow.field("diff")]))

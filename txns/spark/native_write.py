@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from persist import Schema, SchemaMismatch
+from persist.file import fsync_path
 from persist.manifest import PartRef, describe_part
 from persist.url import local_path
 
@@ -106,7 +107,7 @@ def write_native(
         parts_dir = root / "blob" / data_id / "parts"
         parts_dir.mkdir(parents=True, exist_ok=True)
         refs = [_adopt(f, parts_dir, data_id) for f in files]
-        _fsync_dir(parts_dir)
+        fsync_path(parts_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return tuple(sorted((r for r in refs if r.rows), key=lambda p: p.key))
@@ -135,21 +136,9 @@ def _adopt(path: Path, parts_dir: Path, data_id: str) -> PartRef:
     first = pq.read_table(pa.BufferReader(data), columns=[meta.schema.column(0).name])
     name = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
     dest = parts_dir / name
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
     os.replace(path, dest)
     return describe_part(f"{data_id}/parts/{name}", data, meta.num_rows, first)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_old(staging_root: Path) -> None:

@@ -117,7 +117,7 @@ from persist.schema import Schema
 from persist.url import redact
 from txns.db import clock
 from txns.db.catalog import TableEntry
-from txns.db.scan import PlanReader, consolidate, read_changes
+from txns.db.scan import PlanReader, conjunction, consolidate, read_changes
 from txns.spark._common import arrow_schema, check_url, location, spark_struct, to_spark_arrow
 from txns.spark.read import PLAN_VALID_S
 
@@ -326,15 +326,6 @@ def filter_expr(f: Filter, schema: pa.Schema) -> pc.Expression | None:
         return None
 
 
-def _and(terms: Sequence[pc.Expression]) -> pc.Expression | None:
-    if not terms:
-        return None
-    e = terms[0]
-    for t in terms[1:]:
-        e = e & t
-    return e
-
-
 # ---- planning ----------------------------------------------------------------------------
 
 
@@ -446,7 +437,7 @@ def range_expr(k: KeyRange, field: pa.Field) -> pc.Expression | None:
         terms.append(f >= _bound_scalar(k.lo, field.type))
     if k.hi is not None:
         terms.append(f < _bound_scalar(k.hi, field.type))
-    e = _and(terms)
+    e = conjunction(terms)
     if k.nulls and e is not None:
         e = f.is_null() | e
     return e
@@ -464,7 +455,7 @@ def read_table_task(
         r = range_expr(task.key_range, arrow.field(0))
         if r is not None:
             terms.append(r)
-    expr = _and(terms)
+    expr = conjunction(terms)
     runs = tuple(Run.from_json(j) for j in json.loads(task.runs))
     plan = SnapshotPlan(task.data_id, task.as_of, runs, schema)
     blob = location(url).blob
