@@ -207,11 +207,18 @@ class BatchBuilder:
     def _check_times(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        import pyarrow.compute as pc
+        if table.num_rows <= 64:  # (starting an Arrow kernel costs more than a few rows)
+            times = [t for t in table.column("ts").to_pylist() if t is not None]
+            if not times:
+                return
+            lo, hi = min(times), max(times)
+        else:
+            import pyarrow.compute as pc
 
-        mm = pc.min_max(table.column("ts")).as_py()
-        if mm["min"] < self.lower or mm["max"] >= self.upper:
-            bad = mm["min"] if mm["min"] < self.lower else mm["max"]
+            mm = pc.min_max(table.column("ts")).as_py()
+            lo, hi = mm["min"], mm["max"]
+        if lo < self.lower or hi >= self.upper:
+            bad = lo if lo < self.lower else hi
             raise InvalidUsage(
                 f"update time {bad} is outside the batch bounds [{self.lower}, {self.upper}); "
                 f"every update must have lower <= ts < upper"

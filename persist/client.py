@@ -15,7 +15,7 @@ from persist._internal.state import CriticalReaderState, ShardState
 from persist.config import PersistConfig
 from persist.errors import InvalidUsage, note_write, operation
 from persist.read import ReadHandle, SinceHandle
-from persist.schema import Schema, ShardId
+from persist.schema import Schema, ShardId, check_upper
 from persist.shard import ShardView
 from persist.url import Location, open_location
 from persist.write import WriteHandle
@@ -95,9 +95,23 @@ class PersistClient:
         text = m.state().schema or m.fetch().schema
         return Schema.from_text(text) if text else None
 
-    def open_leased_reader(self, shard_id: ShardId | str, schema: Schema) -> ReadHandle:
-        """A reader holding the shard's since at its current value, with a lease."""
+    def open_leased_reader(
+        self, shard_id: ShardId | str, schema: Schema, *, critical_reader: str | None = None, init_upper: int = 0
+    ) -> ReadHandle:
+        """A reader holding the shard's since at its current value, with a lease.
+
+        Also recorded in the same conditional write (a shard's opener needs
+        no other): the shard's ``schema`` if it has none; ``critical_reader``
+        (a critical since handle's id), registered at the current since with
+        opaque 0 if it is not yet (get its handle with
+        :meth:`open_critical_since`, which then writes nothing); and, when
+        the shard's upper is still 0 and ``init_upper`` is above it, the
+        upper moved to ``init_upper`` by an empty append.
+        """
         _check_schema(schema)
+        if critical_reader is not None and (not isinstance(critical_reader, str) or not critical_reader):
+            raise InvalidUsage(f"critical reader id must be a non-empty string, got {critical_reader!r}")
+        check_upper(init_upper, "init_upper")
         m = self._machine(shard_id)
         reader_id = "r" + uuid.uuid4().hex
         lease_ms = int(self.config.reader_lease_s * 1000)
@@ -105,7 +119,13 @@ class PersistClient:
 
         def transition(s: ShardState) -> tuple[int, bool]:
             s.register_schema(text, schema.describe())
-            return s.add_leased_reader(reader_id, self.config.clock_ms(), lease_ms), True
+            now = self.config.clock_ms()
+            if critical_reader is not None:
+                s.register_critical_reader(critical_reader, 0)
+            if init_upper > 0 and s.upper == 0:
+                writer = "w" + uuid.uuid4().hex
+                s.append(writer, writer, (), 0, init_upper, now, int(self.config.writer_lease_s * 1000))
+            return s.add_leased_reader(reader_id, now, lease_ms), True
 
         since = m.apply(transition)
         return ReadHandle(self.blob, m, schema, self.config, reader_id, since)

@@ -77,25 +77,30 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _makedirs_durable(path: Path) -> None:
-    """Create ``path`` and missing parents, fsyncing each new entry's parent."""
-    missing: list[Path] = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            if not d.is_dir():
-                raise
-            continue
-        fsync_dir(d.parent)
-    if not path.is_dir():
-        raise NotADirectoryError(f"not a directory: {str(path)!r}")
+def _makedirs_durable(*paths: Path) -> None:
+    """Create each of ``paths`` and its missing parents; then fsync each parent that gained an entry, once."""
+    touched: list[Path] = []
+    for path in paths:
+        missing: list[Path] = []
+        p = path
+        while not p.exists():
+            missing.append(p)
+            if p.parent == p:
+                break
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                if not d.is_dir():
+                    raise
+                continue
+            if d.parent not in touched:
+                touched.append(d.parent)
+        if not path.is_dir():
+            raise NotADirectoryError(f"not a directory: {str(path)!r}")
+    for parent in touched:
+        fsync_dir(parent)
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -409,4 +414,8 @@ class FileConsensus(Consensus):
 def open_file(path: Path | str) -> tuple[FileBlob, FileConsensus]:
     """Blob and consensus backends rooted at the directory ``path`` (created if missing)."""
     root = Path(path)
+    try:
+        _makedirs_durable(root / "blob", root / "consensus")  # (a new location: two fsyncs, not three)
+    except OSError as e:
+        raise Determinate(f"cannot create the store's directories under {str(root)!r}: {e}") from e
     return FileBlob(root), FileConsensus(root)

@@ -14,7 +14,7 @@ import hashlib
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -82,9 +82,13 @@ class Schema:
     @property
     def arrow(self) -> pa.Schema:
         """The schema of a part: key fields, val fields, ``ts``, ``diff``."""
-        return pa.schema(
-            list(self.key) + list(self.val) + [pa.field("ts", pa.uint64()), pa.field("diff", pa.int64())]
-        )
+        cached = self.__dict__.get("_arrow")
+        if cached is None:
+            cached = pa.schema(
+                list(self.key) + list(self.val) + [pa.field("ts", pa.uint64()), pa.field("diff", pa.int64())]
+            )
+            object.__setattr__(self, "_arrow", cached)  # (immutable: kept, as the text below)
+        return cast(pa.Schema, cached)
 
     @property
     def key_names(self) -> list[str]:
@@ -96,9 +100,13 @@ class Schema:
 
     def to_text(self) -> str:
         """A stable serialization (base64 of Arrow IPC schemas)."""
-        k = base64.b64encode(self.key.serialize().to_pybytes()).decode()
-        v = base64.b64encode(self.val.serialize().to_pybytes()).decode()
-        return f"{k}.{v}"
+        cached = self.__dict__.get("_text")
+        if cached is None:
+            k = base64.b64encode(self.key.serialize().to_pybytes()).decode()
+            v = base64.b64encode(self.val.serialize().to_pybytes()).decode()
+            cached = f"{k}.{v}"
+            object.__setattr__(self, "_text", cached)
+        return cast(str, cached)
 
     @staticmethod
     def from_text(text: str) -> Schema:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from persist._internal.holds import gc_horizon
@@ -94,19 +94,33 @@ class WriteHandle:
     # ---- appends ---------------------------------------------------------------
 
     def compare_and_append(
-        self, updates: Iterable[Any], expected_upper: int, new_upper: int, token: str | None = None
+        self,
+        updates: Iterable[Any],
+        expected_upper: int,
+        new_upper: int,
+        token: str | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         """Append ``updates`` iff the shard's upper is ``expected_upper``; advance it to ``new_upper``.
 
         Every update time must be in ``[expected_upper, new_upper)``. Raises
         :class:`UpperMismatch` (with ``.current``) if the upper differs;
         nothing is appended then. ``token``: see :meth:`compare_and_append_batch`.
+        ``before_write``: the caller's prerequisite, called once the batch is
+        built, right before the conditional write; if it raises, nothing is
+        appended (and the batch's parts are deleted).
         """
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
         if new_upper <= expected_upper:
             raise InvalidUsage(f"new_upper {new_upper} must be greater than expected_upper {expected_upper}")
         batch = self.batch(updates, expected_upper, new_upper)
+        try:
+            if before_write is not None:
+                before_write()
+        except BaseException:
+            _delete_quietly(self.blob, [p.key for p in batch.parts])  # never appended
+            raise
         try:
             appended = self._append_batches([batch], expected_upper, new_upper, token)
         except UpperMismatch:

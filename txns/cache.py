@@ -90,7 +90,12 @@ class TxnsCache:
     """The txns shard as of ``frontier``. Obtain it with ``TxnsHandle.read_cache()``."""
 
     def __init__(
-        self, client: PersistClient, txns_id: str, handle: TxnsHandle | None = None, hold: bool = True
+        self,
+        client: PersistClient,
+        txns_id: str,
+        handle: TxnsHandle | None = None,
+        hold: bool = True,
+        reader: ReadHandle | None = None,
     ) -> None:
         self.client = client
         self.txns_id = txns_id
@@ -101,14 +106,16 @@ class TxnsCache:
         self.track_batches = False
         self.seen_batches: dict[str, int] = {}
         self.tracked_from = 0
-        self._start()
+        self._start(reader)
 
-    def _start(self) -> None:
+    def _start(self, reader: ReadHandle | None = None) -> None:
+        """(Re)start from a snapshot at a new leased reader's since (``reader``: one just opened)."""
         if not self.hold:
             self._start_unheld()
             return
         client, txns_id = self.client, self.txns_id
-        reader = client.open_leased_reader(txns_id, TXNS_SCHEMA)
+        if reader is None:
+            reader = client.open_leased_reader(txns_id, TXNS_SCHEMA)
         state = reader.shard.state()
         # SUBTLE: read the snapshot before resetting anything. A restart (our
         # lease lapsed) that failed after resetting would leave this cache

@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 from persist import (
     InvalidUsage,
     PersistClient,
+    ReadHandle,
     Schema,
     ShardId,
     SinceHandle,
@@ -107,7 +108,9 @@ class TxnsHandle:
     [((('b',), ()), 3, 1)]
     """
 
-    def __init__(self, client: PersistClient, txns_id: str, hold: bool = True) -> None:
+    def __init__(
+        self, client: PersistClient, txns_id: str, hold: bool = True, reader: ReadHandle | None = None
+    ) -> None:
         self.client = client
         self.txns_id = txns_id
         self.writer: WriteHandle = client.open_writer(txns_id, TXNS_SCHEMA, inline_max_bytes=TXNS_INLINE_MAX)
@@ -117,7 +120,7 @@ class TxnsHandle:
         # Maintenance runs after the cache has absorbed the commit (see _append),
         # so this handle never reads back the parts its own compaction writes.
         self.writer.auto_maintain = False
-        self.cache = TxnsCache(client, txns_id, self, hold=hold)
+        self.cache = TxnsCache(client, txns_id, self, hold=hold, reader=reader)
         self._since: SinceHandle | None = None
         self._data_writers: dict[str, WriteHandle] = {}
         self._schemas: dict[str, Schema] = {}
@@ -143,6 +146,13 @@ class TxnsHandle:
         """
         check_ts(init_ts, "init_ts")
         txns_id = str(txns_id) if isinstance(txns_id, ShardId) else str(ShardId.parse(str(txns_id)))
+        if hold:
+            # One conditional write, new shard or not: the cache's leased reader,
+            # with the schema, the critical since and the initial upper when new.
+            reader = client.open_leased_reader(
+                txns_id, TXNS_SCHEMA, critical_reader=CRITICAL_READER, init_upper=init_ts
+            )
+            return TxnsHandle(client, txns_id, hold=hold, reader=reader)
         client.open_critical_since(txns_id, CRITICAL_READER, 0, schema=TXNS_SCHEMA)  # one write when new
         if init_ts > 0:
             w = client.open_writer(txns_id, TXNS_SCHEMA)
@@ -189,6 +199,10 @@ class TxnsHandle:
                 raise NotRegistered(f"data shard {data_id} has no schema: register it with TxnsHandle.register first")
             self._schemas[data_id] = schema
         return schema
+
+    def expect_schema(self, data_id: str, schema: Schema) -> None:
+        """Know ``schema`` as fresh data shard ``data_id``'s while it is being recorded (see ``Txn.register``)."""
+        self._schemas.setdefault(str(data_id), schema)
 
     def data_writer(self, data_id: str) -> WriteHandle:
         data_id = str(data_id)
@@ -357,8 +371,9 @@ class TxnsHandle:
         The one commit loop (``Txn.commit_at`` builds the request; see
         :mod:`txns.request` for its fields: the time, what the caller
         validated, the members of a group commit, the durable identity).
-        ``request.register``: fresh data shards (schemas recorded) registered
-        at ``ts`` in the same write, unless registered already.
+        ``request.register``: fresh data shards (schemas recorded, or being
+        recorded by ``request.ready``) registered at ``ts`` in the same write,
+        unless registered already.
 
         With ``txn_id`` (and data in ``adds``) the members' commit records go
         in the same conditional write. With ``uncertain`` (an earlier attempt
@@ -435,7 +450,7 @@ class TxnsHandle:
                 # SUBTLE: retract only entries present as of `upper`; the CaA below
                 # fails if anything (another tidy included) landed since.
                 updates += [e.update(ts, -1) for e in tidy.entries if self.cache.present(e)]
-                if self._append(updates, upper, ts, token):
+                if self._append(updates, upper, ts, token, request.ready):
                     tidy.entries.clear()
                     self._commits += 1
                     if self.maintain_on_commit and self._commits % 16 == 0:
@@ -543,10 +558,20 @@ class TxnsHandle:
         """Whether this handle's latest append to the txns shard (as last read) carried ``token``."""
         return self.writer.shard.state().last_token(self.writer.writer_id) == token
 
-    def _append(self, updates: list[Any], upper: int, ts: int, token: str | None) -> bool:
-        """CaA ``updates`` at ``[upper, ts + 1)``; False (cache caught up) if the upper moved."""
+    def _append(
+        self, updates: list[Any], upper: int, ts: int, token: str | None, ready: tuple[Callable[[], None], ...] = ()
+    ) -> bool:
+        """CaA ``updates`` at ``[upper, ts + 1)``; False (cache caught up) if the upper moved.
+
+        ``ready``: prerequisites, called right before the conditional write.
+        """
+
+        def before_write() -> None:
+            for fn in ready:
+                fn()
+
         try:
-            self.writer.compare_and_append(updates, upper, ts + 1, token=token)
+            self.writer.compare_and_append(updates, upper, ts + 1, token=token, before_write=before_write)
         except UpperMismatch as e:
             self.cache.update_ge(e.current, wait_s=0)
             return False

@@ -24,7 +24,7 @@ once the write lands.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,8 @@ class CommitRequest:
     members: tuple[CommitMember, ...] = ()
     register: tuple[str, ...] = ()
     expect_upper: int | None = None
+    #: the caller's prerequisites, called right before the conditional write (see ``Txn.before_write``)
+    ready: tuple[Callable[[], None], ...] = ()
 
 
 __all__ = ["CommitMember", "CommitRequest"]

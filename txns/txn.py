@@ -30,12 +30,12 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persist import Batch, BatchBuilder, InvalidUsage, SchemaMismatch, frame, unframe
+from persist import Batch, BatchBuilder, InvalidUsage, Schema, SchemaMismatch, frame, unframe
 from persist.errors import operation
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
 from txns.commits import COMMIT_RECORD_MAX_BYTES
@@ -101,6 +101,7 @@ class Txn:
         self._batches: dict[str, list[Batch]] = {}
         self._tidy = Tidy()
         self._register: set[str] = set()  # fresh data shards this commit registers
+        self._ready: list[Callable[[], None]] = []  # prerequisites of the conditional write (before_write)
         self._joined: list[Txn] = []  # transactions committed in this one's write (group commit)
         # Whether an earlier commit attempt (here or elsewhere) may have landed.
         # A caller-chosen id may have been committed by anyone already.
@@ -180,20 +181,33 @@ class Txn:
         """The handle this transaction is bound to (set by ``TxnsHandle.begin`` or the first commit)."""
         return self._handle
 
-    def register(self, data_id: str) -> None:
+    def register(self, data_id: str, schema: Schema | None = None) -> None:
         """Register the fresh data shard ``data_id`` at the commit time, in the commit's own write.
 
-        Its schema must be recorded already (``PersistClient.register_schema``)
-        and nothing may have written it outside the txns shard (its upper is
-        at most the commit time + 1). Until this transaction commits, the
-        shard is not registered; if it never commits, nothing needs undoing.
-        Already registered at the commit time: a no-op.
+        Its schema must be recorded already (``PersistClient.register_schema``),
+        or be ``schema`` and be recorded by a prerequisite of the commit's
+        write (:meth:`before_write`). Nothing may have written the shard
+        outside the txns shard (its upper is at most the commit time + 1).
+        Until this transaction commits, the shard is not registered; if it
+        never commits, nothing needs undoing. Already registered at the
+        commit time: a no-op.
         """
         if self._handle is None:
             raise InvalidUsage("this transaction is not bound to a handle; create it with TxnsHandle.begin()")
         data_id = str(data_id)
+        if schema is not None:
+            self._handle.expect_schema(data_id, schema)
         self._handle.data_schema(data_id)  # NotRegistered if it has no schema yet
         self._register.add(data_id)
+
+    def before_write(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` right before the commit's conditional write (each attempt), once the entries are built.
+
+        For work the commit depends on that can overlap with building it
+        (recording new shards' schemas). If ``fn`` raises, nothing is
+        committed and the exception propagates.
+        """
+        self._ready.append(fn)
 
     def join(self, others: list[Txn]) -> None:
         """Commit ``others`` in this transaction's conditional write too (a group commit), each keeping its identity.
@@ -347,6 +361,7 @@ class Txn:
             uncertain=self._uncertain,
             members=tuple(members),
             register=tuple(sorted(self._register)),
+            ready=tuple(self._ready),
             expect_upper=expect_upper,
         )
         with operation("commit") as op:

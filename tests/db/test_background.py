@@ -388,3 +388,134 @@ def test_a_stale_connection_reads_commits_another_applied_and_tidied(db_url: str
     assert rows(other.table("t").to_arrow()) == rows(table(range(6)))
     assert seqnos(db_url, [d]) == before  # read from a fresh state and the log: nothing applied or filled
     other.close()
+
+
+# ---- creating a database and tables ---------------------------------------------------------
+
+
+def test_a_new_database_opens_its_txns_shard_while_writing_its_root(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from txns.db import database
+
+    barrier = threading.Barrier(2, timeout=10)
+    outcome: list[str] = []
+
+    def meet() -> None:
+        try:
+            barrier.wait()
+            outcome.append("together")
+        except threading.BrokenBarrierError:
+            outcome.append("alone")
+
+    orig_root, orig_open = database.create_root, TxnsHandle.open
+
+    def create_root(*a: object) -> object:
+        meet()
+        return orig_root(*a)  # type: ignore[arg-type]
+
+    def open_(*a: object, **k: object) -> TxnsHandle:
+        meet()
+        return orig_open(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(database, "create_root", create_root)
+    monkeypatch.setattr(TxnsHandle, "open", staticmethod(open_))
+    db = txns.connect(db_url)
+    assert outcome == ["together", "together"]
+    monkeypatch.undo()
+    db.create_table("t", SCHEMA)
+    assert db.tables() == ["t"]
+    db.close()
+
+
+def test_the_catalog_is_registered_by_the_first_ddl_commit(db_url: str) -> None:
+    import datetime as dt
+
+    db = txns.connect(db_url)
+    cache = db.handle.cache
+    assert db.root.catalog_id not in cache.registered_now()
+    assert db.tables() == [] and db.history().num_rows == 0
+    with pytest.raises(txns.ReadBelowSince, match="before the database"):
+        db.tables(as_of=dt.datetime.fromtimestamp(db.root.created_ms / 1000 - 60, dt.UTC))
+    empty_at = db.latest()
+    with db.transaction() as t:
+        t.create_table("a", SCHEMA)
+    ts = t.commit_info.ts  # type: ignore[union-attr]
+    assert cache.registered_at(db.root.catalog_id, ts) and not cache.registered_at(db.root.catalog_id, ts - 1)
+    assert db.tables(as_of=empty_at) == [] and db.tables() == ["a"]
+    other = txns.connect(db_url)  # another object reads the same
+    assert other.tables(as_of=empty_at) == [] and other.tables() == ["a"]
+    other.close()
+    db.close()
+
+
+def test_a_creator_that_crashed_after_its_root_record_is_finished_by_the_next_one(db_url: str) -> None:
+    from txns.db.root import create_root, new_proposal
+
+    client = PersistClient.open(db_url)
+    root = create_root(client, new_proposal(client.config.clock_ms()))  # nothing else was written
+    db = txns.connect(db_url)
+    assert db.root.txns_id == root.txns_id and db.tables() == []
+    db.create_table("t", SCHEMA)  # records the catalog's schema, then registers it in its commit
+    with db.transaction() as t:
+        t.insert("t", table(range(3)))
+    assert db.tables() == ["t"] and db.table("t").count() == 3
+    assert client.shard_schema(root.catalog_id) == CATALOG_SCHEMA
+    db.close()
+
+
+def test_a_commit_waits_for_its_new_tables_schemas(db: txns.Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    failures = [1]  # the first background write of the schema fails; the commit writes it again
+    orig = PersistClient.register_schema
+
+    def register_schema(self: PersistClient, shard_id: str, schema: Schema) -> None:
+        if schema.key.equals(SCHEMA):
+            assert release.wait(30)
+            if failures:
+                failures.pop()
+                raise PersistError("injected: the schema write failed")
+        orig(self, shard_id, schema)
+
+    monkeypatch.setattr(PersistClient, "register_schema", register_schema)
+    upper = db.latest()
+    done = threading.Event()
+
+    def create() -> None:
+        with db.transaction() as t:
+            t.create_table("t", SCHEMA)
+        done.set()
+
+    th = threading.Thread(target=create)
+    th.start()
+    assert not done.wait(0.5), "the commit waits for the schema"
+    assert db.handle.cache.shard.fetch().upper == upper + 1, "and has written nothing yet"
+    release.set()
+    th.join(30)
+    assert done.is_set() and db.tables() == ["t"]
+    d = db.entry("t", db.latest()).data_id
+    assert PersistClient.open(db.url).shard_schema(d) is not None
+
+    def broken(self: PersistClient, shard_id: str, schema: Schema) -> None:
+        if schema.key.equals(SCHEMA):
+            raise PersistError("injected: the schema write failed")
+        orig(self, shard_id, schema)
+
+    monkeypatch.setattr(PersistClient, "register_schema", broken)
+    before = db.latest()
+    with pytest.raises(PersistError, match="injected"), db.transaction() as t:
+        t.create_table("u", SCHEMA)
+    assert db.latest() == before and db.tables() == ["t"], "nothing was committed"
+
+
+def test_an_abandoned_transaction_registers_nothing(db: txns.Database) -> None:
+    db.create_table("a", SCHEMA)
+    registered = set(db.handle.cache.registered_now())
+    before = db.latest()
+    with pytest.raises(RuntimeError, match="changed my mind"), db.transaction() as t:
+        t.create_table("b", SCHEMA)
+        t.insert("b", table(range(5)))
+        raise RuntimeError("changed my mind")
+    db.handle.cache.sync()
+    assert db.tables() == ["a"] and db.latest() == before
+    assert set(db.handle.cache.registered_now()) == registered

@@ -445,6 +445,34 @@ def test_critical_since_fencing() -> None:
     assert client.inspect(shard)["critical_readers"] == {"controller": {"since": 8, "opaque": 7}}
 
 
+def test_an_opener_takes_its_lease_critical_since_and_initial_upper_in_one_write() -> None:
+    url = mem_url("shard")
+    loc = open_location(url)
+    consensus = CountingConsensus(loc.consensus)
+    client = PersistClient(Location(url, loc.blob, consensus), PersistConfig())
+    shard = ShardId.new()
+    r = client.open_leased_reader(shard, SCHEMA, critical_reader="controller", init_upper=7)
+    assert consensus.counters.calls(Op.CAS) == 1, "a new shard: schema, critical since, upper, lease at once"
+    state = client.inspect(shard)
+    assert state["upper"] == 7 and state["since"] == 0
+    assert state["critical_readers"] == {"controller": {"since": 0, "opaque": 0}}
+    assert r.since == 0 and r.snapshot_and_fetch(6) == []
+    assert client.shard_schema(shard) == SCHEMA
+    h = client.open_critical_since(shard, "controller", opaque=5)
+    assert (h.since, h.opaque) == (0, 0) and consensus.counters.calls(Op.CAS) == 1, "registered: nothing written"
+
+    # an existing shard keeps its upper and its critical since; only a lease is added
+    h.compare_and_downgrade_since(0, 3, 4)
+    client.open_writer(shard, SCHEMA).compare_and_append([upd(1, "a", 8)], 7, 9)
+    consensus.counters.reset()
+    client.open_leased_reader(shard, SCHEMA, critical_reader="controller", init_upper=100)
+    assert consensus.counters.calls(Op.CAS) == 1
+    state = client.inspect(shard)
+    assert state["upper"] == 9 and state["critical_readers"]["controller"] == {"since": 4, "opaque": 3}
+    with pytest.raises(InvalidUsage, match="critical reader id"):
+        client.open_leased_reader(shard, SCHEMA, critical_reader="")
+
+
 def test_since_is_min_of_holds() -> None:
     client, shard = new_shard()
     w = client.open_writer(shard, SCHEMA)

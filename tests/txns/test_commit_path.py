@@ -114,3 +114,44 @@ def test_critical_since_with_a_schema_is_one_write(tmp_path) -> None:
     assert state.seqno == 1 and state.schema == SCHEMA.to_text() and "c" in state.critical
     client.open_critical_since(s, "c", 0, schema=SCHEMA)  # both there: no write
     assert client.shard(s).fetch().seqno == 1
+
+
+def test_opening_a_txns_shard_is_one_write(tmp_path) -> None:
+    client = PersistClient.open(f"file://{tmp_path}/loc")
+    t = new_id()
+    h = TxnsHandle.open(client, t, init_ts=42)
+    state = client.shard(t).fetch()
+    assert state.seqno == 1, "schema, critical since, initial upper and the cache's lease in one write"
+    assert state.upper == 42 and "txns-critical-since" in state.critical and len(state.leased) == 1
+    assert h.cache.frontier == 42
+    h2 = TxnsHandle.open(client, t, init_ts=99)  # an existing shard: only a lease, the upper stays
+    assert client.shard(t).fetch().seqno == 2 and h2.cache.frontier == 42
+
+
+def test_a_prerequisite_runs_right_before_the_write_and_can_stop_it(opened) -> None:
+    client, h = opened
+    d = str(ShardId.new())
+    seen: list[int | None] = []
+    txn = h.begin()
+    # the schema is recorded by the prerequisite itself: register() takes it on trust meanwhile
+    txn.register(d, SCHEMA)
+    txn.before_write(lambda: seen.append(client.shard(h.txns_id).fetch().seqno))
+    txn.before_write(lambda: client.register_schema(d, SCHEMA))
+    txn.write(d, (1,), ("v",), 1)
+    before = _cas_count(client, h.txns_id)
+    txn.commit_at(h, 5).apply(h)
+    assert seen == [before], "called once, before the commit's write"
+    assert _cas_count(client, h.txns_id) == before + 1
+    assert h.snapshot(d, 5) == [(((1,), ("v",)), 5, 1)]
+
+    def refuse() -> None:
+        raise RuntimeError("not ready")
+
+    failing = h.begin()
+    failing.before_write(refuse)
+    failing.write(d, (2,), ("w",), 1)
+    with pytest.raises(RuntimeError, match="not ready"):
+        failing.commit_at(h, 7)
+    assert _cas_count(client, h.txns_id) == before + 1, "nothing was written"
+    h.cache.sync()
+    assert h.cache.frontier == 6

@@ -40,7 +40,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -195,7 +195,13 @@ class TableEntry:
         return self.schema.with_metadata({PRIMARY_KEY_META: json.dumps(list(self.primary_key)).encode()})
 
     def key(self) -> tuple[Any, ...]:
-        return (self.name, self.data_id, schema_to_text(self.stored_schema()), self.created_ms, self.retention_ms)
+        """The catalog row (computed once: an entry is immutable)."""
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            text = schema_to_text(self.stored_schema())
+            cached = (self.name, self.data_id, text, self.created_ms, self.retention_ms)
+            object.__setattr__(self, "_key", cached)
+        return cast(tuple[Any, ...], cached)
 
     @staticmethod
     def from_key(key: tuple[Any, ...]) -> TableEntry:

@@ -1,8 +1,14 @@
 """The database: named tables over one txns shard, at a location found by its root record.
 
-``txns.connect(url)`` reads (or creates) the root record (:mod:`txns.db.root`),
-opens the txns shard it names and makes sure the catalog shard is
-registered. Everything a user does goes through the txns protocol:
+``txns.connect(url)`` reads (or creates) the root record (:mod:`txns.db.root`)
+and opens the txns shard it names (one conditional write: the handle's
+lease; for a new database also the shard's schema, critical since and an
+upper at the clock). Creating a database overlaps the root record's write
+with opening the proposed txns shard and recording the system shards'
+schemas: a creator whose root loses the race leaves those unused. The
+catalog shard is registered by the first commit that writes it (the first
+DDL), in that commit's own write. Everything a user does goes through the
+txns protocol:
 
 - a transaction's data and DDL are one commit, one conditional write on the
   txns shard; the commit's record (the txns layer's commits shard) carries
@@ -32,7 +38,8 @@ Invariants:
   replayed, is the catalog at its commit time: it is cached as such, so
   the next reads of the catalog cost nothing.
 - Creating a table registers its (fresh) data shard in the txns shard in
-  the very commit that adds its catalog row (``Txn.register``): a shard is
+  the very commit that adds its catalog row (``Txn.register``), as the
+  first catalog row registers the catalog: a shard is
   registered exactly when a name points to it, and an abandoned (or
   crashed) transaction leaves only an unregistered shard with a schema.
   Shards no readable catalog names any more are released by ``compact()``.
@@ -75,6 +82,7 @@ from persist import (
     PersistConfig,
     ReadBelowSince,
     ReadTimeout,
+    Schema,
     SnapshotPlan,
     backoff,
     replan,
@@ -202,16 +210,48 @@ def connect(
         raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
     client = PersistClient.open(url, config)
     root = read_root(client)
-    new = False
+    handle = None
     if root is None:
         if not create:
             raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
         proposal = new_proposal(client.config.clock_ms())
         if retention_ms is not None:
             proposal = RootRecord(proposal.txns_id, proposal.catalog_id, proposal.created_ms, retention_ms)
+        opened = _open_proposed(client, proposal)
         root = create_root(client, proposal)
-        new = True  # (by us or by a racing creator: either way its shards are new)
-    return Database(client, root, url, new=new, isolation=isolation)
+        handle = opened(root)
+    return Database(client, root, url, isolation=isolation, handle=handle)
+
+
+def _open_proposed(client: PersistClient, proposal: RootRecord) -> Callable[[RootRecord], TxnsHandle | None]:
+    """Start opening a proposed database's txns shard and recording its system shards' schemas.
+
+    Runs while the root record is written, so a new database costs one
+    conditional write in sequence, not three. Returns a function of the
+    root that won: the opened handle if it is ours, else None (a racing
+    creator's root won, or the speculative open failed: the database then
+    opens the txns shard itself). The losers' shards stay unused and empty.
+    """
+    if in_pool():
+        return lambda root: None
+    # (upper just past now: the latest time, upper - 1, is then not before the root's creation)
+    init_ts = clock.ts_of_ms(client.config.clock_ms()) + 1
+    opening = pool().submit(TxnsHandle.open, client, proposal.txns_id, init_ts)
+    system = ((proposal.catalog_id, CATALOG_SCHEMA), (commits_shard_id(proposal.txns_id), COMMITS_SCHEMA))
+    schemas = [pool().submit(_quietly, client.register_schema, d, schema) for d, schema in system]
+
+    def opened(root: RootRecord) -> TxnsHandle | None:
+        for f in schemas:
+            f.result()
+        if root.txns_id != proposal.txns_id:
+            return None
+        try:
+            return opening.result()
+        except Exception as e:  # noqa: BLE001 - the database opens it again and meets any failure itself
+            log.debug("opening the new txns shard %s deferred: %s", proposal.txns_id, e)
+            return None
+
+    return opened
 
 
 class Database:
@@ -229,7 +269,12 @@ class Database:
     """
 
     def __init__(
-        self, client: PersistClient, root: RootRecord, url: str, new: bool = False, isolation: str = ISOLATION_LEVELS[0]
+        self,
+        client: PersistClient,
+        root: RootRecord,
+        url: str,
+        isolation: str = ISOLATION_LEVELS[0],
+        handle: TxnsHandle | None = None,
     ) -> None:
         self.client = client
         self.root = root
@@ -250,13 +295,10 @@ class Database:
         self._queue_committer: GroupCommitter | None = None
         #: intents submitted and resolved through this object (txns.db.intents)
         self.intent_state = IntentState()
-        schemas = self._write_system_schemas() if new else []
-        # (no init_ts: a new txns shard's upper moves to the clock with the catalog's registration below)
-        self.handle = TxnsHandle.open(client, root.txns_id)
+        # (init_ts: the upper of a txns shard still empty, a creator's that crashed, moves past the clock)
+        self.handle = handle or TxnsHandle.open(client, root.txns_id, init_ts=self._now_ts() + 1)
         # the txns shard's maintenance runs on the background worker, after its applies
         self.handle.maintain_on_commit = False
-        for f in schemas:
-            f.result()
         self._catalogs: dict[tuple[str, int], CatalogView] = {}
         self._min_table_retention_ms: int | None = None  # the shortest table retention seen in a catalog
         self._holds = RetentionHolds(client)
@@ -264,19 +306,6 @@ class Database:
         self._hold_lock = threading.Lock()  # _holds and _held_at: used by the worker and by compact()
         self._closed = False
         self._applier = Applier(client, root.txns_id, self._after_apply)
-        self._ensure_catalog()
-
-    def _write_system_schemas(self) -> list[Future[None]]:
-        """A new database: record the catalog's and the commits shard's schemas while the txns shard opens.
-
-        Only a head start (each is a conditional write to its own shard): the
-        registration and the first commit would write them otherwise, one
-        after the other. A failure here is left for them to meet.
-        """
-        if in_pool():
-            return []
-        shards = ((self.root.catalog_id, CATALOG_SCHEMA), (commits_shard_id(self.root.txns_id), COMMITS_SCHEMA))
-        return [pool().submit(_quietly, self.client.register_schema, d, schema) for d, schema in shards]
 
     # ---- identity and settings ------------------------------------------------------------
 
@@ -406,20 +435,21 @@ class Database:
 
     # ---- catalog ------------------------------------------------------------------------------
 
-    def _ensure_catalog(self) -> None:
-        """Register the catalog shard if it is not yet (first connect, or a creator that crashed)."""
-        with self._lock:
-            cache = self.handle.cache
-            cache.sync()
-            if self.root.catalog_id in cache.registered_now():
-                return
-            ts = max(cache.frontier, self._now_ts())
-            while True:
-                try:
-                    self.handle.register(ts, {self.root.catalog_id: CATALOG_SCHEMA})
-                    return
-                except TimestampUnavailable as e:
-                    ts = max(e.upper, self._now_ts())
+    def register_catalog(self, txn: Txn) -> None:
+        """Have ``txn``, which writes the catalog, register it in the same write unless it is registered.
+
+        The catalog is registered by the first commit that writes it (a new
+        database's first DDL). A stale view costs nothing: registering an
+        already registered shard is a no-op at commit time.
+        """
+        d = self.root.catalog_id
+        if d in self.handle.cache.registered_now():
+            return
+        try:
+            txn.register(d)
+        except NotRegistered:  # its creator crashed before recording the catalog's schema
+            self.client.register_schema(d, CATALOG_SCHEMA)
+            txn.register(d)
 
     def _catalog_registered_ts(self) -> int | None:
         regs = self.handle.cache.registrations.get(self.root.catalog_id)
@@ -429,13 +459,19 @@ class Database:
         """The catalog at timestamp ``ts`` (already resolved)."""
         with self._lock:
             cache = self.handle.cache
-            created = self._catalog_registered_ts()
-            if created is not None and ts < created:
+            born = clock.ts_of_ms(self.root.created_ms)
+            if ts < born:
                 raise ReadBelowSince(
                     f"as_of {clock.describe(ts)} is before the database at {self.url!r} was created "
-                    f"(at {clock.describe(created)})",
-                    created,
+                    f"(at {clock.describe(born)})",
+                    born,
                 )
+            created = self._catalog_registered_ts()
+            if created is None and ts >= cache.frontier:
+                cache.sync()
+                created = self._catalog_registered_ts()
+            if created is None or ts < created:
+                return CatalogView(ts, {})  # no DDL yet at ts: the first one registers the catalog
             since = self.handle.data_writer(self.root.catalog_id).shard.state().since
             if ts < since:
                 raise self._catalog_below(ts, since)
@@ -743,9 +779,28 @@ class Database:
         """A core transaction whose commit record carries ``metadata`` (what history shows)."""
         return self.handle.begin(metadata=metadata)
 
-    def _record_schemas(self, shards: Mapping[str, Any]) -> None:
-        """Record fresh data shards' schemas (a conditional write each, all at once)."""
-        for res in each(lambda item: self.client.register_schema(*item), list(shards.items())):
+    def record_schema_soon(self, data_id: str, schema: Schema) -> Future[None] | None:
+        """Start recording a fresh data shard's schema on the pool (None: not started; see :meth:`_record_schemas`)."""
+        return None if in_pool() else pool().submit(self.client.register_schema, data_id, schema)
+
+    def _record_schemas(self, shards: Mapping[str, Schema], started: Mapping[str, Future[None]] | None = None) -> None:
+        """Record fresh data shards' schemas (a conditional write each, all at once).
+
+        ``started``: writes already under way (:meth:`record_schema_soon`),
+        waited for; one that failed is written again here (raising if it
+        fails again). Recording a schema twice is a no-op.
+        """
+        todo = []
+        for d, schema in shards.items():
+            f = (started or {}).get(d)
+            if f is not None:
+                try:
+                    f.result()
+                    continue
+                except Exception:  # noqa: BLE001 - written again just below, which raises if it fails again
+                    pass
+            todo.append((d, schema))
+        for res in each(lambda item: self.client.register_schema(*item), todo):
             if isinstance(res, BaseException):
                 raise res
 
@@ -1258,7 +1313,7 @@ class Database:
                     )
             chosen = sorted(view.tables.items()) if tables is None else [(n, view.tables[n]) for n in tables]
             targets = [(name, e.data_id, self._retention_ms(e)) for name, e in chosen]
-            if tables is None:
+            if tables is None and self.root.catalog_id in self.handle.cache.registered_now():
                 targets.append(("(catalog)", self.root.catalog_id, longest))
             for name, d, ret in targets:
                 since = self._hold(self.handle, d, ret, latest)

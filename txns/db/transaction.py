@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +149,7 @@ class Transaction:
         self._ops: list[tuple[str, TableEntry | None, TableEntry | None]] = []
         self._new: dict[str, TableEntry] = {}  # data_id -> entry, for tables created here
         self._writers: dict[str, WriteHandle] = {}  # writers of tables created here (not registered yet)
+        self._schemas: dict[str, Future[None]] = {}  # their schemas being recorded (see create_table)
         self._builders: dict[tuple[str, int], BatchBuilder] = {}
         self._batches: dict[str, list[Batch]] = {}
         self._counts: dict[str, list[int]] = {}  # data_id -> [added, retracted]
@@ -223,9 +225,16 @@ class Transaction:
                 f"or pick another name"
             )
         d = str(ShardId.new())
-        # Nothing is written for it until the commit: its data is buffered with a
-        # writer opened here (a read only), and the commit registers it.
-        self._writers[d] = self._db.client.open_writer(d, data_schema(schema, pk))
+        # Its data is buffered with a writer opened here (a read only), and the
+        # commit registers it. Its schema is recorded now, in the background (a
+        # conditional write to its own fresh shard), so the commit rarely waits
+        # for it: an abandoned transaction leaves an unregistered shard with a
+        # schema, as a crashed one can (see txns.db.database).
+        shard_schema = data_schema(schema, pk)
+        self._writers[d] = self._db.client.open_writer(d, shard_schema)
+        started = self._db.record_schema_soon(d, shard_schema)
+        if started is not None:
+            self._schemas[d] = started
         entry = TableEntry(name, d, schema, self._db.client.config.clock_ms(), ret, pk)
         self._view[name] = entry
         self._new[d] = entry
@@ -981,13 +990,18 @@ class Transaction:
             live_ids = {x.data_id for x, n in changes.items() if n > 0}
             new = {d: data_schema(e.schema, e.primary_key) for d, e in self._new.items() if d in live_ids}
             txn = db._begin(info)
-            if new:  # registered in the commit's own conditional write (their schemas recorded first)
-                db._record_schemas(new)
+            if new:
+                # Registered in the commit's own conditional write, their schemas recorded
+                # just before it (most of them already, since create_table).
+                started = self._schemas
+                txn.before_write(lambda: db._record_schemas(new, started))
                 for d in sorted(new):
-                    txn.register(d)
+                    txn.register(d, new[d])
             for d, bs in sorted(self._batches.items()):
                 for b in bs:
                     txn.write_batch(d, b)
+            if changes:
+                db.register_catalog(txn)
             for e, n in sorted(changes.items(), key=lambda x: (x[0].name, x[1])):
                 txn.write(db.root.catalog_id, e.key(), (), n)
             known = [*self._view.values(), *(x for _, a, b in self._ops for x in (a, b) if x is not None)]
