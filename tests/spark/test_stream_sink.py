@@ -240,7 +240,10 @@ def _kill_restart(tmp_path: Path, files: int, kills: int, step: int) -> None:
     print(f"{runs} runs, {killed} killed", file=sys.stderr)
     counts = table_counts(db, "events")
     assert counts == Counter(expected), "rows lost or repeated"
-    assert progress() == files - 1  # one file per micro-batch
+    # the sink's progress is Spark's last committed micro-batch (a batch planned again after a kill
+    # may take two files: FileStreamSource's maxFilesPerTrigger is not kept across a restart)
+    committed = max(int(n) for n in os.listdir(cp / "commits") if n.isdigit())
+    assert progress() == committed and committed <= files - 1
 
 
 @pytest.mark.spark
