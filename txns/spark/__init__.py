@@ -5,7 +5,9 @@ Spark executors reach the store by URL (``file:///ABSOLUTE/PATH`` or
 They write Parquet parts straight into blob storage and read them back,
 checking each part's CRC-32C; only part descriptors and plans travel
 between the driver and the executors. ``import txns`` does not import
-pyspark; this package does. A classic (not Spark Connect) session is needed.
+pyspark; this package does. Tables by name (reads, writes, streams, views,
+``t.insert``, ``merge``, ``compact_tables``) also work through Spark Connect;
+``run_batch`` and ``resolve`` need a classic session.
 
 Usage::
 

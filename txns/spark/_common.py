@@ -100,6 +100,14 @@ def check_executors(spark: SparkSession) -> None:
     _CHECKED_SESSIONS.add(key)
 
 
+def partition_count(df: DataFrame) -> int:
+    """How many partitions ``df`` has, or on Spark Connect (no RDDs) the session's shuffle partitions."""
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:  # noqa: BLE001 - Spark Connect: PySparkNotImplementedError for .rdd
+        return int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
+
+
 def _python_exec(spark: SparkSession) -> str:
     """The Python the session starts for its workers, as configured."""
     try:

@@ -65,7 +65,7 @@ from txns.db.catalog import TableEntry, data_schema
 from txns.db.errors import DuplicateKey, InvalidPrimaryKey, TransactionConflict
 from txns.db.keyed import describe_key
 from txns.db.transaction import CommitInfo, Transaction
-from txns.spark._common import check_url, col, raise_from_spark, spark_struct, spark_type
+from txns.spark._common import check_url, col, partition_count, raise_from_spark, spark_struct, spark_type
 from txns.spark.read import read_plan
 from txns.spark.write import check_columns, write_batch
 
@@ -237,7 +237,7 @@ def _merge_in(t: Transaction, e0: TableEntry, src: DataFrame, lo: Any, hi: Any, 
     try:
         added, retracted = _signed_counts(changes)
         # (the changes are few: fewer writing tasks, fewer and bigger parts; the join stays parallel)
-        tasks = max(1, min(changes.rdd.getNumPartitions(), -(-(added + retracted) // WRITE_TASK_ROWS)))
+        tasks = max(1, min(partition_count(changes), -(-(added + retracted) // WRITE_TASK_ROWS)))
         batch = (
             _write(changes.coalesce(tasks), db.url, e.data_id, schema)
             if added or retracted
