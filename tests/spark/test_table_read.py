@@ -222,6 +222,46 @@ def test_filters_pushed_equal_python_filtered_read(
     assert bag(spark_rows(df)) == bag(db.table("accounts").to_arrow(filter=pc.field("id").isin([1, 70])).to_pylist())
 
 
+def test_a_user_schema_prunes_columns(spark: SparkSession, built: tuple[str, txns.Database, list[CommitInfo]]) -> None:
+    """Some of the table's columns as the read's schema: only those are read; the result is the projection."""
+    url, db, infos = built
+    full = db.table("accounts").to_arrow().to_pylist()
+
+    def pruned(schema: str, **opts: str) -> list[dict[str, Any]]:
+        r = spark.read.format("txns").option("url", url).schema(schema)
+        for k, v in opts.items():
+            r = r.option(k, v)
+        return spark_rows(r.load("accounts"))
+
+    # "name" repeats across ids (and ids 10..19 are there twice): duplicates are kept, as SELECT name does
+    want = Counter(r["name"] for r in full)
+    assert Counter(r["name"] for r in pruned("name string")) == want and max(want.values()) > 2
+    got = pruned("balance long, name string")  # any order
+    assert bag(got) == bag([{"balance": r["balance"], "name": r["name"]} for r in full])
+    with pytest.raises(Exception, match=r"SchemaMismatch.*with diff=true.*distinct only over every column"):
+        pruned("name string, diff long", diff="true")
+    t1, t3 = infos[1].ts, infos[3].ts
+    changes = db.table("accounts").changes(t1, t3).to_pylist()
+    for schema, cols in (("id long, ts long, diff long", ["id"]), ("name string, ts long, diff long", ["name"])):
+        want_changes: Counter[tuple[Any, ...]] = Counter()
+        for r in changes:
+            want_changes[(*(r[c] for c in cols), r["ts"])] += r["diff"]
+        got_changes: Counter[tuple[Any, ...]] = Counter()
+        for r in pruned(schema, changes="true", start=str(t1), end=str(t3)):
+            got_changes[(*(r[c] for c in cols), r["ts"])] += r["diff"]
+        assert +got_changes == +want_changes and -got_changes == -want_changes
+    # a filter on a column not read still applies
+    from pyspark.sql import functions as F
+
+    r = spark.read.format("txns").option("url", url).schema("name string").load("accounts")
+    assert Counter(x["name"] for x in spark_rows(r.where(F.col("name") == "a3"))) == Counter(
+        {"a3": want["a3"]}
+    )
+    for bad in ("nope string", "name long", "name string, name string", "diff long"):
+        with pytest.raises(Exception, match=r"SchemaMismatch.*give no schema, or some of the table's columns"):
+            spark.read.format("txns").option("url", url).schema(bad).load("accounts").collect()
+
+
 # ---- errors --------------------------------------------------------------------------------------
 
 

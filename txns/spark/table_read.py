@@ -28,7 +28,22 @@ Options (values are strings, as Spark passes them):
 
 Schema rule (``DataSource.schema()`` cannot tell a stream from a batch
 read): the table's columns; plus ``diff`` with ``diff=true``; plus ``ts``
-and ``diff`` with ``changes=true``. A stream emits updates (columns + ``ts``
+and ``diff`` with ``changes=true``.
+
+**Column pruning.** Spark's Python data source API does not hand a query's
+projection to the source, so a batch read prunes columns when the user
+names them: a user-given schema (``.schema("account string")``) with some
+of the table's columns (any order, the table's types), followed by the
+option's ``ts`` / ``diff`` columns, reads only those columns from the
+Parquet parts (filters may still name others) and consolidates on them:
+a plain read gives the projection of the table (duplicates kept, as SQL's
+``SELECT`` without ``DISTINCT``); a changes read gives updates whose diffs,
+summed per (columns, ``ts``), are the projection's changes (one value may
+come in several rows, one per task). Sound because projection is linear: a
+row and its retraction project alike, and they lie in the same task (tasks
+split the first key column, which every full row has). ``diff=true``
+promises distinct rows, which tasks cannot give for a projection: it reads
+every column (a pruned schema is refused). A stream emits updates (columns + ``ts``
 + ``diff``), so ``spark.readStream`` needs ``.option("changes", "true")``
 (or a user-given schema with those columns); without it the stream refuses
 with InvalidUsage saying so.
@@ -444,12 +459,20 @@ def range_expr(k: KeyRange, field: pa.Field) -> pc.Expression | None:
 
 
 def read_table_task(
-    url: str, task: TableTask, pushed: Sequence[pc.Expression], out: pa.Schema, diff: bool
+    url: str,
+    task: TableTask,
+    pushed: Sequence[pc.Expression],
+    out: pa.Schema,
+    diff: bool,
+    columns: Sequence[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of one task (``pushed``: filters applied in the reads), consolidated within it, as Arrow."""
+    """The rows of one task (``pushed``: filters applied in the reads), consolidated within it, as Arrow.
+
+    ``columns``: only these of the table's columns (pruned from the reads; see the module doc).
+    """
     schema = Schema.from_text(task.schema_text)
     arrow = schema.arrow
-    cols = list(schema.key_names)
+    cols = list(columns) if columns else list(schema.key_names)
     terms = list(pushed)
     if task.key_range is not None:
         r = range_expr(task.key_range, arrow.field(0))
@@ -489,6 +512,7 @@ class TableBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.opts = TableOptions.parse(options)
         self.schema = schema
+        self.columns: list[str] | None = None  # the table columns read (None: all), set by _check
         self.pushed: list[pc.Expression] = []
         if self.opts.changes and self.opts.start is None:
             raise InvalidUsage("a changes read needs the option start (a timestamp or wall-clock time)")
@@ -540,19 +564,42 @@ class TableBatchReader(DataSourceReader):
             return plan_table_tasks(db.plan(entry, ts), None)
 
     def _check(self, entry: TableEntry) -> None:
+        """The schema read must be the table's (plus the option's columns), or a projection of it (pruning)."""
         want = output_struct(entry, diff=self.opts.diff, changes=self.opts.changes)
-        if [(f.name, f.dataType) for f in want.fields] != [(f.name, f.dataType) for f in self.schema.fields]:
+        got = [(f.name, f.dataType) for f in self.schema.fields]
+        full = [(f.name, f.dataType) for f in want.fields]
+        if got == full:
+            self.columns = None
+            return
+        n_extra = len(full) - len(entry.schema)
+        table_cols, extra = dict(full[: len(full) - n_extra]), full[len(full) - n_extra :]
+        picked = got[: len(got) - n_extra] if n_extra else got
+        names = [n for n, _ in picked]
+        if self.opts.diff and not self.opts.changes:
+            raise SchemaMismatch(
+                f"a read of table {entry.name!r} with diff=true has the columns {want.simpleString()}, not "
+                f"{self.schema.simpleString()}: its rows are distinct only over every column; prune columns in "
+                f"a read without diff (rows repeat per multiplicity), or group the pruned read yourself"
+            )
+        if (
+            (got[len(got) - n_extra :] if n_extra else []) != extra
+            or not picked
+            or len(set(names)) != len(names)
+            or any(table_cols.get(n) != t for n, t in picked)
+        ):
             raise SchemaMismatch(
                 f"table {entry.name!r} has the columns {want.simpleString()} now, not "
                 f"{self.schema.simpleString()} (it changed since the query was analyzed, or the schema given "
-                f"does not match): run the query again without a user-given schema"
+                f"does not match): give no schema, or some of the table's columns with their types "
+                f"(followed by {', '.join(n for n, _ in extra) or 'nothing else'}) to read only those"
             )
+        self.columns = names
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, TableTask):
             return iter(())  # Spark's placeholder partition of an empty read
         out = arrow_schema(self.schema)
-        return read_table_task(self.opts.url, partition, self.pushed, out, self.opts.diff)
+        return read_table_task(self.opts.url, partition, self.pushed, out, self.opts.diff, self.columns)
 
 
 __all__ = [
