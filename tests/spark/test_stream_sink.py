@@ -192,6 +192,54 @@ def test_replay_after_lost_checkpoint_commit(spark: SparkSession, tmp_path: Path
     assert table_counts(db, "events") == Counter(expected + expected)
 
 
+# ---- a stream into a keyed table: foreachBatch(merge_stream) --------------------------------------
+
+
+@pytest.mark.spark
+def test_stream_merges_into_a_keyed_table_exactly_once(spark: SparkSession, tmp_path: Path) -> None:
+    from txns.spark import merge_stream
+
+    url = f"file://{tmp_path}/db"
+    db = txns.connect(url)
+    db.create_table("latest", EVENTS, primary_key=["id"])  # the file that last wrote each id
+    write_files(tmp_path / "in0", 0, 1, 2)
+    with pytest.raises(Exception, match=r"primary key.*foreachBatch\(txns.spark.merge_stream"):
+        run_query(spark, url, tmp_path / "in0", tmp_path / "cp0", table="latest")
+    src, cp = tmp_path / "in", tmp_path / "cp"
+    src.mkdir()
+    for f, ids in ((0, range(0, 6)), (1, range(3, 9)), (2, range(0, 2))):  # later files overwrite ids
+        (src / f"f{f}.json").write_text("".join(json.dumps({"id": i, "file": f}) + "\n" for i in ids))
+    fn = merge_stream(url, "latest", sink="latest-feed")
+    q = (
+        spark.readStream.schema(SPARK_EVENTS)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(src))
+        .writeStream.foreachBatch(fn)
+        .option("checkpointLocation", str(cp))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(300)
+    want = {0: 2, 1: 2, 2: 0, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1}
+    got = {r["id"]: r["file"] for r in db.table("latest").to_arrow().to_pylist()}
+    assert got == want and stream_progress(db, "latest-feed") == 2
+    commits = len(db.history("latest"))
+    # a micro-batch Spark replays (after a crash) merges nothing; the next one merges
+    replay = spark.createDataFrame([(0, 99)], SPARK_EVENTS)
+    fn(replay, 2)
+    fn(replay, 1)
+    assert {r["id"]: r["file"] for r in db.table("latest").to_arrow().to_pylist()} == want
+    assert len(db.history("latest")) == commits
+    fn(replay, 3)
+    assert {r["id"]: r["file"] for r in db.table("latest").to_arrow().to_pylist()} == {**want, 0: 99}
+    assert stream_progress(db, "latest-feed") == 3
+    with pytest.raises(InvalidUsage, match="sink and batch_id together"):
+        txns.spark.merge(db, "latest", replay, sink="latest-feed")
+    with pytest.raises(InvalidUsage, match="sink must be a non-empty name"):
+        merge_stream(url, "latest", sink="")
+    db.close()
+
+
 # ---- (c) killed and restarted ------------------------------------------------------------------
 
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from txns.spark._common import check_executors, check_url
 from txns.spark.batch import run_batch
 from txns.spark.compaction import CompactionResult, compact, compact_tables
-from txns.spark.merge import MergeStats, merge
+from txns.spark.merge import MergeStats, merge, merge_stream
 from txns.spark.read import snapshot
 from txns.spark.resolve import SparkResolution, resolve
 from txns.spark.source import TxnsDataSource
@@ -109,6 +109,7 @@ __all__ = [
     "compact_tables",
     "enable_pushdown",
     "merge",
+    "merge_stream",
     "read_table",
     "register",
     "register_tables",

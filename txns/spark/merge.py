@@ -62,11 +62,12 @@ import pyarrow as pa
 from persist import Batch, InvalidUsage, PartRetired, Schema, SchemaMismatch
 from persist.manifest import PartRef, Run, bound_value, keep_parts
 from txns.db.catalog import TableEntry, data_schema
-from txns.db.errors import DuplicateKey, InvalidPrimaryKey, TransactionConflict
+from txns.db.errors import DuplicateKey, InvalidPrimaryKey, TableExists, TableNotFound, TransactionConflict
 from txns.db.keyed import describe_key
 from txns.db.transaction import CommitInfo, Transaction
 from txns.spark._common import check_url, col, partition_count, raise_from_spark, spark_struct, spark_type
 from txns.spark.read import read_plan
+from txns.spark.table_write import SINKS, SINKS_SCHEMA
 from txns.spark.write import check_columns, write_batch
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ def merge(
     delete_column: str | None = None,
     metadata: dict[str, Any] | None = None,
     retries: int = 3,
+    sink: str | None = None,
+    batch_id: int | None = None,
 ) -> CommitInfo:
     """Merge ``updates`` into keyed ``table``: upsert each row's key, or delete it; one commit.
 
@@ -132,9 +135,57 @@ def merge(
     unexpected or unconvertible columns (or a null in a non-nullable column
     of an upserted row); ``InvalidPrimaryKey`` for a null key;
     ``DuplicateKey`` for a key given twice.
+
+    ``sink`` and ``batch_id``: the merge of a streaming query's micro-batch
+    (see :func:`merge_stream`), committed at most once per (sink, batch id):
+    the sink's progress row in the system table ``txns_sinks`` is read and
+    moved in the merge's own transaction, so a batch at or below it merges
+    nothing (``ts`` None), and two processes merging one batch commit it
+    once (the second conflicts, starts over and finds it done).
     """
-    info, _ = _merge(db, table, updates, delete_column=delete_column, metadata=metadata, retries=retries)
+    if (sink is None) != (batch_id is None):
+        raise InvalidUsage("merge takes sink and batch_id together (a micro-batch of a stream), or neither")
+    if sink is not None and (not isinstance(sink, str) or not sink):
+        raise InvalidUsage(f"sink must be a non-empty name (unique to the query, kept across restarts), got {sink!r}")
+    if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0):
+        raise InvalidUsage(f"batch_id must be an int >= 0 (Spark's micro-batch id), got {batch_id!r}")
+    progress = None if sink is None or batch_id is None else (sink, batch_id)
+    info, _ = _merge(
+        db, table, updates, delete_column=delete_column, metadata=metadata, retries=retries, progress=progress
+    )
     return info
+
+
+def merge_stream(
+    db: Database | str, table: str, sink: str, *, delete_column: str | None = None, retries: int = 3
+) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function that merges each micro-batch into keyed ``table`` exactly once.
+
+    ``df.writeStream.foreachBatch(txns.spark.merge_stream(url, "accounts", sink="accounts-feed"))
+    .option("checkpointLocation", cp).start()``: each micro-batch is one
+    :func:`merge` (upserts, and deletes with ``delete_column``) whose
+    transaction also moves the sink's progress row, so a batch Spark
+    replays after a crash merges nothing. ``sink``: a name unique to the
+    query and kept across its restarts. ``db``: a database, or its URL (a
+    URL when the function must travel: Spark Connect runs it on the
+    server). A micro-batch must not give a key twice (``DuplicateKey``).
+    """
+    if not isinstance(sink, str) or not sink:
+        raise InvalidUsage(f"sink must be a non-empty name (unique to the query, kept across restarts), got {sink!r}")
+    if isinstance(db, str):
+        check_url(db)
+
+    def merge_batch(batch: DataFrame, batch_id: int) -> None:
+        import txns
+
+        d = txns.connect(db, create=False) if isinstance(db, str) else db
+        try:
+            merge(d, table, batch, delete_column=delete_column, retries=retries, sink=sink, batch_id=int(batch_id))
+        finally:
+            if isinstance(db, str):
+                d.close()
+
+    return merge_batch
 
 
 def _merge(
@@ -146,11 +197,12 @@ def _merge(
     metadata: dict[str, Any] | None = None,
     retries: int = 3,
     before_commit: Callable[[Transaction, int], None] | None = None,
+    progress: tuple[str, int] | None = None,
 ) -> tuple[CommitInfo, MergeStats]:
     """:func:`merge`, also returning the stats of the attempt that committed.
 
     ``before_commit(t, attempt)`` (tests) runs after the batch is added,
-    just before ``t.commit()``.
+    just before ``t.commit()``. ``progress``: (sink, batch id), see :func:`merge`.
     """
     _check_frame(updates, "merge")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -166,16 +218,22 @@ def _merge(
         probe.abort()
     src = _conform(e, updates, delete_column)
     lo, hi = _check_updates(e, src, deleting=delete_column is not None)
+    if progress is not None:
+        metadata = {**(metadata or {}), "spark": {"mode": "merge", "sink": progress[0], "batch": progress[1]}}
     attempt = 0
     while True:
         attempt += 1
-        t = db.transaction(metadata=metadata)
+        t = db.transaction(metadata=metadata, isolation="strict_serializable")
         try:
+            if progress is not None and _merged_already(t, *progress):
+                return dataclasses.replace(t.commit(), attempts=attempt), MergeStats(0, 0, 0, 0, 0, 0, 0)
             stats = _merge_in(t, e, src, lo, hi, deleting=delete_column is not None)
+            if progress is not None:
+                t.upsert(SINKS, [{"sink": progress[0], "batch": progress[1]}])
             if before_commit is not None:
                 before_commit(t, attempt)
             info = t.commit()
-        except TransactionConflict as x:
+        except (TransactionConflict, TableExists) as x:  # (TableExists: two first batches created txns_sinks)
             t.abort()
             if attempt > retries:
                 raise TransactionConflict(f"{x} (merge into {table!r}: {attempt} attempts)", attempts=attempt) from x
@@ -189,6 +247,16 @@ def _merge(
             t.abort()
             raise
         return dataclasses.replace(info, attempts=attempt), stats
+
+
+def _merged_already(t: Transaction, sink: str, batch_id: int) -> bool:
+    """Whether ``sink``'s progress row (read in ``t``) is at or past ``batch_id`` (creates the table in ``t``)."""
+    try:
+        row = t.get(SINKS, sink)
+    except TableNotFound:
+        t.create_table(SINKS, SINKS_SCHEMA, primary_key=["sink"])
+        return False
+    return row is not None and int(row["batch"]) >= batch_id
 
 
 def _merge_in(t: Transaction, e0: TableEntry, src: DataFrame, lo: Any, hi: Any, *, deleting: bool) -> MergeStats:

@@ -174,7 +174,8 @@ def plan_target(options: Mapping[str, str], schema: StructType, what: str) -> Ta
     if e.primary_key is not None:
         raise InvalidUsage(
             f"table {e.name!r} has a primary key {list(e.primary_key)}: write a DataFrame to it with "
-            f"txns.spark.merge(db, {e.name!r}, df) (upserts by key), not with format('txns')"
+            f"txns.spark.merge(db, {e.name!r}, df) (upserts by key), not with format('txns'); a stream with "
+            f".foreachBatch(txns.spark.merge_stream(url, {e.name!r}, sink=NAME)) (exactly once)"
         )
     check_table_columns(schema, e)
     return Target(str(url), e.name, e.data_id, data_schema(e.schema, e.primary_key).to_text(), size)
