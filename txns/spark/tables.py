@@ -85,23 +85,54 @@ def register_tables(
 
 
 def read_table(
-    spark: SparkSession, url: str, name: str, *, as_of: int | dt.datetime | str | None = None, diff: bool = False
+    spark: SparkSession,
+    url: str,
+    name: str,
+    *,
+    as_of: int | dt.datetime | str | None = None,
+    diff: bool = False,
+    native: bool | None = None,
 ) -> DataFrame:
-    """``spark.read.format("txns").option("url", url)[.option("asOf", ...)].load(name)``.
+    """``spark.read.format("txns").option("url", url)[.option("asOf", ...)].load(name)``, or Spark's own reader.
 
     ``as_of``: a timestamp, a datetime (naive: local time, as in the Python
     API) or a wall-clock string (no offset: UTC). ``diff``: one row per
-    distinct row with a ``diff`` column (its multiplicity).
+    distinct row with a ``diff`` column (its multiplicity). ``native``:
+    None (default): a compacted table on a local directory is read by
+    Spark's own Parquet reader, as of this call (no row through Python:
+    :mod:`txns.spark.native_read`), anything else by the data source;
+    False: always the data source (which resolves the latest time when the
+    query runs); True: Spark's reader, or ``InvalidUsage`` saying why not.
     """
+    import txns
+    from persist import InvalidUsage
+    from txns.spark.native_read import native_table_read
+
+    check_url(url)
+    if native is not None and not isinstance(native, bool):
+        raise InvalidUsage(f"native must be True, False or None, got {native!r}")
+    at: str | None = None
+    if isinstance(as_of, dt.datetime):
+        at = str(clock.ts_of_datetime(as_of))
+    elif as_of is not None:
+        at = str(parse_time(as_of, "as_of", end_of_ms=True))
+    if native is not False:
+        with txns.connect(url, create=False) as db:
+            ts = db.resolve(None if at is None else int(at))
+            df = native_table_read(spark, db, url, db.entry(name, ts), ts, diff=diff)
+        if df is not None:
+            return df
+        if native:
+            raise InvalidUsage(
+                f"table {name!r} cannot be read by Spark's own Parquet reader: that needs a local directory "
+                f"(file://) and a compacted table (db.compact([{name!r}]) after its retention); read it with "
+                f"native=None or False"
+            )
     spark.dataSource.register(TxnsDataSource)
     enable_pushdown(spark)
-    reader = spark.read.format("txns").option("url", check_url(url))
-    if as_of is not None:
-        if isinstance(as_of, dt.datetime):
-            value = str(clock.ts_of_datetime(as_of))
-        else:
-            value = str(parse_time(as_of, "as_of", end_of_ms=True))
-        reader = reader.option("asOf", value)
+    reader = spark.read.format("txns").option("url", url)
+    if at is not None:
+        reader = reader.option("asOf", at)
     if diff:
         reader = reader.option("diff", "true")
     return reader.load(name)
