@@ -196,7 +196,35 @@ def test_submit_many_shares_one_commit_and_epoch() -> None:
     assert len({f.epoch for f in fs}) == 1
     assert all(f.result().committed for f in fs)
     assert len(_kv(db)) == 5
-    assert db.table(INTENTS).to_arrow().num_rows == 5
+    # resolved intents are retired in the resolving commit; their history keeps them
+    assert db.table(INTENTS).to_arrow().num_rows == 0
+    ch = db.table(INTENTS).changes(fs[0].epoch, db.latest() + 1)
+    updates = sorted(zip(ch.column("ts").to_pylist(), ch.column("diff").to_pylist(), strict=True))
+    assert updates[:5] == [(fs[0].epoch, 1)] * 5
+    assert sum(ch.column("diff").to_pylist()) == 0
+    db.close()
+
+
+def test_retired_intents_leave_the_stored_table_after_retention() -> None:
+    import datetime as dt
+    import time
+
+    db = _db()
+    for i in range(4):
+        fs = db.submit_many([{"writes": {("kv", f"k{i}-{j}"): {"k": f"k{i}-{j}", "v": "x"}}} for j in range(10)])
+        assert all(f.result().committed for f in fs)
+    assert db.table(INTENTS).to_arrow().num_rows == 0
+
+    def stored() -> int:
+        ts = db.latest()
+        return sum(r.rows for r in db.plan(db.entry(INTENTS, ts), ts).runs)
+
+    assert stored() == 80  # 40 intents and their 40 retirements, until compaction passes both
+    db.set_table_retention(INTENTS, dt.timedelta(milliseconds=1))
+    time.sleep(0.01)
+    db.compact()
+    assert stored() == 0
+    assert len(_kv(db)) == 40 and len(db.table("txns_outcomes").to_arrow()) == 40
     db.close()
 
 

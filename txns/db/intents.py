@@ -57,8 +57,17 @@ recorded it (and applied the intent's writes).
 
 Limits: the tables an intent touches must have a primary key and columns of
 JSON types (integers, floats, strings, booleans), because intents travel as
-JSON; ``txns_intents`` keeps every intent (retention applies as to any table,
-and a resolver must run within a table's retention of its intents).
+JSON; a resolver must run within ``txns_intents``' retention of its intents.
+
+**Retiring intents.** The resolution step that records an intent's outcome
+also retracts its row from ``txns_intents`` (``Transaction._retract_present``:
+no presence check and no read recorded, so concurrent submits do not
+conflict with it; the step read those rows itself, and only a step
+retracts them, once, under the progress row). Nothing reads an intent below
+the progress again but through the table's history (``changes`` keeps the
+insertion: the uncertain-submit check and the steps filter on diff > 0), so
+once compaction passes the table's retention both updates cancel and the
+stored table does not grow with every intent ever submitted.
 """
 
 from __future__ import annotations
@@ -545,6 +554,10 @@ def _step(db: Database, t: Transaction) -> list[Outcome] | None:
     t.insert(OUTCOMES, [{"intent": o.intent, "epoch": o.epoch, "committed": o.committed, "reason": o.reason}
                         for o in outcomes])  # fmt: skip
     t.upsert(RESOLVER, [{"name": PROGRESS, "epoch": read_ts}])
+    # Retire the resolved intents in the same commit: their outcomes are recorded and nothing reads
+    # an intent below the progress again but by its history (changes keep the insertion), so
+    # compaction past the table's retention drops them (the table does not grow with every intent).
+    t._retract_present(INTENTS, ch.select(["intent", "body"]))
     return outcomes
 
 

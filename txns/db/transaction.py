@@ -359,6 +359,25 @@ class Transaction:
         self._count(e.data_id, 0, rows.num_rows)
         return int(rows.num_rows)
 
+    def _retract_present(self, table: str, rows: pa.Table) -> int:
+        """Retract ``rows`` of unkeyed ``table`` that the caller knows are there, without checking or reading.
+
+        For system tables whose rows the caller read itself (as committed at
+        or below this transaction's read time) and that nothing else
+        retracts: resolved intents. No read is recorded, so concurrent
+        inserts into the table do not conflict with this transaction.
+        """
+        self._check_open()
+        e = self._entry(table)
+        if e.primary_key is not None:
+            raise InvalidUsage(f"_retract_present is for unkeyed tables; {e.name!r} has a primary key")
+        rows = rows.select(e.schema.names).cast(e.schema)
+        if rows.num_rows:
+            self._builder(e.data_id, -1).add_table(self._updates(rows, -1))
+            self._retracted.setdefault(e.data_id, []).append(rows)
+            self._count(e.data_id, 0, rows.num_rows)
+        return int(rows.num_rows)
+
     def truncate(self, table: str) -> int:
         """Remove every row of ``table`` (as committed at the read time); return how many.
 
