@@ -173,24 +173,29 @@ def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float, cache: PartCach
     return data
 
 
-def _footer_bounds(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
-    """(largest stored ``ts``, smallest ``diff``) over the part's row groups, from its footer; None: unknown."""
+def footer_stats(meta: pq.FileMetaData) -> tuple[int, int, int] | None:
+    """(largest stored ``ts``, smallest ``diff``, largest ``diff``) of a part, from its footer; None: unknown."""
     names = [meta.schema.column(j).name for j in range(meta.num_columns)]
     if "ts" not in names or "diff" not in names:
-        return None, None
+        return None
     its, idiff = names.index("ts"), names.index("diff")
-    ts_max: int | None = None
-    diff_min: int | None = None
+    found: tuple[int, int, int] | None = None
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
         if rg.num_rows == 0:
             continue
         a, b = rg.column(its).statistics, rg.column(idiff).statistics
         if a is None or b is None or not a.has_min_max or not b.has_min_max:
-            return None, None
-        ts_max = a.max if ts_max is None else max(ts_max, a.max)
-        diff_min = b.min if diff_min is None else min(diff_min, b.min)
-    return ts_max, diff_min
+            return None
+        here = (int(a.max), int(b.min), int(b.max))
+        found = here if found is None else (max(found[0], here[0]), min(found[1], here[1]), max(found[2], here[2]))
+    return found
+
+
+def _footer_bounds(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
+    """(largest stored ``ts``, smallest ``diff``) over the part's row groups, from its footer; None: unknown."""
+    stats = footer_stats(meta)
+    return (None, None) if stats is None else (stats[0], stats[1])
 
 
 def conjunction(terms: Sequence[pc.Expression]) -> pc.Expression | None:

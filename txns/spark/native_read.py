@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from persist.manifest import SnapshotPlan
+from txns.db.scan import footer_stats
 from txns.spark.native_write import native_root
 from txns.spark.read import PLAN_VALID_S
 from txns.spark.table_read import output_struct
@@ -102,21 +103,11 @@ def _footer_stats(path: Path, size: int) -> tuple[int, int, str] | None:
         meta = pq.read_metadata(path)
     except (OSError, ValueError):
         return None
-    names = [meta.schema.column(j).name for j in range(meta.num_columns)]
-    if "ts" not in names or "diff" not in names:
+    stats = footer_stats(meta)
+    if stats is None:
         return None
-    its, idiff = names.index("ts"), names.index("diff")
-    ts_max, diff_max = 0, 1
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        if rg.num_rows == 0:
-            continue
-        a, b = rg.column(its).statistics, rg.column(idiff).statistics
-        if a is None or b is None or not a.has_min_max or not b.has_min_max:
-            return None
-        ts_max, diff_max = max(ts_max, int(a.max)), max(diff_max, int(b.max))
-    col = meta.schema.column(its)
-    return ts_max, diff_max, f"{col.physical_type}/{col.logical_type}"
+    col = meta.schema.column([meta.schema.column(j).name for j in range(meta.num_columns)].index("ts"))
+    return max(stats[0], 0), max(stats[2], 1), f"{col.physical_type}/{col.logical_type}"
 
 
 __all__ = ["VERIFY_PAGES", "native_table_read"]
