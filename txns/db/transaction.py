@@ -44,7 +44,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +148,6 @@ class Transaction:
         self._ops: list[tuple[str, TableEntry | None, TableEntry | None]] = []
         self._new: dict[str, TableEntry] = {}  # data_id -> entry, for tables created here
         self._writers: dict[str, WriteHandle] = {}  # writers of tables created here (not registered yet)
-        self._schemas: dict[str, Future[None]] = {}  # their schemas being recorded (see create_table)
         self._builders: dict[tuple[str, int], BatchBuilder] = {}
         self._batches: dict[str, list[Batch]] = {}
         self._counts: dict[str, list[int]] = {}  # data_id -> [added, retracted]
@@ -225,16 +223,10 @@ class Transaction:
                 f"or pick another name"
             )
         d = str(ShardId.new())
-        # Its data is buffered with a writer opened here (a read only), and the
-        # commit registers it. Its schema is recorded now, in the background (a
-        # conditional write to its own fresh shard), so the commit rarely waits
-        # for it: an abandoned transaction leaves an unregistered shard with a
-        # schema, as a crashed one can (see txns.db.database).
-        shard_schema = data_schema(schema, pk)
-        self._writers[d] = self._db.client.open_writer(d, shard_schema)
-        started = self._db.record_schema_soon(d, shard_schema)
-        if started is not None:
-            self._schemas[d] = started
+        # Nothing is written for it until the commit: its data is buffered with a
+        # writer opened here (a read only), and the commit records its schema and
+        # registers it.
+        self._writers[d] = self._db.client.open_writer(d, data_schema(schema, pk))
         entry = TableEntry(name, d, schema, self._db.client.config.clock_ms(), ret, pk)
         self._view[name] = entry
         self._new[d] = entry
@@ -1010,9 +1002,10 @@ class Transaction:
             new = {d: data_schema(e.schema, e.primary_key) for d, e in self._new.items() if d in live_ids}
             txn = db._begin(info)
             if new:
-                # Registered in the commit's own conditional write, their schemas recorded
-                # just before it (most of them already, since create_table).
-                started = self._schemas
+                # Registered in the commit's own conditional write; their schemas are
+                # recorded on the pool while the commit is built, and waited for right
+                # before that write.
+                started = {d: f for d, s in new.items() if (f := db.record_schema_soon(d, s)) is not None}
                 txn.before_write(lambda: db._record_schemas(new, started))
                 for d in sorted(new):
                     txn.register(d, new[d])
