@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from persist._internal.codec import KIND_BATCH, frame, unframe
 from persist._internal.parts import (
+    SMALL_TABLE_ROWS,
     PartRef,
     Run,
     encode_inline,
@@ -207,7 +208,7 @@ class BatchBuilder:
     def _check_times(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        if table.num_rows <= 64:  # (starting an Arrow kernel costs more than a few rows)
+        if table.num_rows <= SMALL_TABLE_ROWS:
             times = [t for t in table.column("ts").to_pylist() if t is not None]
             if not times:
                 return

@@ -219,8 +219,11 @@ class Txn:
         transactions that register nothing and tidy nothing may join.
         """
         for o in others:
-            if o is self or o._register or o._tidy.entries:
-                raise InvalidUsage("a joined transaction must be another one that registers and tidies nothing")
+            if o is self or o._register or o._tidy.entries or o._ready:
+                raise InvalidUsage(
+                    "a joined transaction must be another one that registers, tidies and waits for nothing "
+                    "(no before_write)"
+                )
         self._joined = list(others)
 
     def tidy(self, tidy: Tidy) -> None:

@@ -362,9 +362,9 @@ def get_retrying(blob: Blob, key: str, deadline_s: float = 30.0) -> bytes | None
     return retry_storage(lambda: blob.get(key), deadline_s)
 
 
-SMALL_CONSOLIDATE_ROWS = 64
-"""Tables up to this many rows are consolidated in Python: an Arrow aggregation costs ~0.2 ms to start,
-more than a commit's few rows take (a commit consolidates its entries twice)."""
+SMALL_TABLE_ROWS = 64
+"""Tables up to this many rows are consolidated (and their times checked) in Python: starting an Arrow
+kernel (an aggregation: ~0.2 ms) costs more than a commit's few rows take."""
 
 
 def _exact_key_type(t: pa.DataType) -> bool:
@@ -411,7 +411,7 @@ def consolidate(table: pa.Table, advance_to: int | None = None) -> pa.Table:
         return table
     schema = table.schema
     group = [n for n in table.column_names if n != "diff"]
-    if table.num_rows <= SMALL_CONSOLIDATE_ROWS and all(_exact_key_type(schema.field(n).type) for n in group):
+    if table.num_rows <= SMALL_TABLE_ROWS and all(_exact_key_type(schema.field(n).type) for n in group):
         try:
             return _consolidate_small(table, group)
         except (OverflowError, pa.ArrowInvalid):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from persist._internal import parts
-from persist._internal.parts import SMALL_CONSOLIDATE_ROWS, consolidate
+from persist._internal.parts import SMALL_TABLE_ROWS, consolidate
 
 SCHEMA = pa.schema(
     [
@@ -29,7 +29,7 @@ rows = st.lists(
         st.integers(0, 3),
         st.integers(-2, 2),
     ),
-    max_size=SMALL_CONSOLIDATE_ROWS,
+    max_size=SMALL_TABLE_ROWS,
 )
 
 
@@ -39,12 +39,12 @@ def _table(rs: list[tuple[object, ...]]) -> pa.Table:
 
 
 def _by_arrow(table: pa.Table, advance_to: int | None = None) -> pa.Table:
-    saved = parts.SMALL_CONSOLIDATE_ROWS
-    parts.SMALL_CONSOLIDATE_ROWS = -1  # every table takes the aggregation path
+    saved = parts.SMALL_TABLE_ROWS
+    parts.SMALL_TABLE_ROWS = -1  # every table takes the aggregation path
     try:
         return consolidate(table, advance_to)
     finally:
-        parts.SMALL_CONSOLIDATE_ROWS = saved
+        parts.SMALL_TABLE_ROWS = saved
 
 
 @settings(max_examples=300, deadline=None)

@@ -150,6 +150,8 @@ def test_a_prerequisite_runs_right_before_the_write_and_can_stop_it(opened) -> N
     failing = h.begin()
     failing.before_write(refuse)
     failing.write(d, (2,), ("w",), 1)
+    with pytest.raises(InvalidUsage, match="waits for nothing"):  # a group commit would skip its prerequisite
+        h.begin().join([failing])
     with pytest.raises(RuntimeError, match="not ready"):
         failing.commit_at(h, 7)
     assert _cas_count(client, h.txns_id) == before + 1, "nothing was written"

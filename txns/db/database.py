@@ -244,6 +244,7 @@ def _open_proposed(client: PersistClient, proposal: RootRecord) -> Callable[[Roo
         for f in schemas:
             f.result()
         if root.txns_id != proposal.txns_id:
+            opening.exception()  # (waited for: nothing of this call writes after connect returns)
             return None
         try:
             return opening.result()

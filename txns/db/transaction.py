@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -997,6 +998,7 @@ class Transaction:
             return self.commit_info
         info = self._info()
         committed = False
+        started: dict[str, Future[None]] = {}
         try:
             live_ids = {x.data_id for x, n in changes.items() if n > 0}
             new = {d: data_schema(e.schema, e.primary_key) for d, e in self._new.items() if d in live_ids}
@@ -1043,6 +1045,8 @@ class Transaction:
             self._discard()
             raise
         finally:
+            for f in started.values():
+                f.exception()  # (a write still under way after a failure: waited for, so none lands later)
             if committed:
                 self._state = "committed"
         self.commit_info = CommitInfo(

@@ -69,7 +69,6 @@ def native_table_read(
         return None
     if run.ts_rewrite is not None and run.ts_rewrite > ts:
         return None
-    db.client.hold_parts(entry.data_id, PLAN_VALID_S)
     paths, ts_max, diff_max, ts_types = [], 0, 1, set()
     for ref in run.parts:
         path = root / "blob" / ref.key
@@ -86,6 +85,8 @@ def native_table_read(
     want = output_struct(entry, diff=False, changes=False)
     if [(f.name, f.dataType) for f in want.fields] != [(n, df.schema[n].dataType) for n in cols]:
         return None  # (a column Spark reads as another type than the data source gives)
+    # (held from here on, as a planned read; compaction's part grace covered the checks above)
+    db.client.hold_parts(entry.data_id, PLAN_VALID_S)
     if ts_max > ts:
         df = df.where(F.col("ts") <= F.lit(ts).cast("decimal(20,0)"))
     if diff:
@@ -106,8 +107,8 @@ def _footer_stats(path: Path, size: int) -> tuple[int, int, str] | None:
     stats = footer_stats(meta)
     if stats is None:
         return None
-    col = meta.schema.column([meta.schema.column(j).name for j in range(meta.num_columns)].index("ts"))
-    return max(stats[0], 0), max(stats[2], 1), f"{col.physical_type}/{col.logical_type}"
+    ts_col = next(c for c in (meta.schema.column(j) for j in range(meta.num_columns)) if c.name == "ts")
+    return stats[0], stats[2], f"{ts_col.physical_type}/{ts_col.logical_type}"
 
 
 __all__ = ["VERIFY_PAGES", "native_table_read"]

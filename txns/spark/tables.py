@@ -107,6 +107,7 @@ def read_table(
     import txns
     from persist import InvalidUsage
     from txns.spark.native_read import native_table_read
+    from txns.spark.native_write import native_root
 
     check_url(url)
     if native is not None and not isinstance(native, bool):
@@ -116,7 +117,7 @@ def read_table(
         at = str(clock.ts_of_datetime(as_of))
     elif as_of is not None:
         at = str(parse_time(as_of, "as_of", end_of_ms=True))
-    if native is not False:
+    if native or (native is None and native_root(url) is not None):  # (elsewhere: no connect needed)
         with txns.connect(url, create=False) as db:
             ts = db.resolve(None if at is None else int(at))
             df = native_table_read(spark, db, url, db.entry(name, ts), ts, diff=diff)
