@@ -8,6 +8,7 @@ proxy: tests/db/test_intents_procs.py.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -239,6 +240,7 @@ def test_retired_intents_leave_the_stored_table_after_retention() -> None:
         ({"writes": {("kv", "a"): {"k": "a"}}}, "missing"),
         ({"adds": {("kv", "a"): {"v": 1}}}, "not a numeric non-key column"),
         ({"writes": {("txns_outcomes", "a"): None}}, "system table"),
+        ({"reads": {("kv", "a"): None, ("kv", ("a",)): {"k": "a", "v": "1"}}}, "given twice"),
     ],
 )
 def test_bad_intents_are_refused_before_anything_is_written(kwargs: dict[str, Any], match: str) -> None:
@@ -249,6 +251,61 @@ def test_bad_intents_are_refused_before_anything_is_written(kwargs: dict[str, An
         db.submit(**kwargs)
     assert isinstance(e.value, InvalidUsage | txns.SchemaMismatch | txns.TableNotFound)
     assert db.table(INTENTS).to_arrow().num_rows == before
+    db.close()
+
+
+def test_a_step_reads_the_intents_only_when_some_were_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from txns.db.table import Table
+
+    db = _db()
+    db.submit(writes={("kv", "a"): {"k": "a", "v": "1"}}).result()
+    read: list[str] = []
+    changes = Table.changes
+
+    def spy(self: Table, *args: Any, **kwargs: Any) -> pa.Table:
+        read.append(self.name)
+        return changes(self, *args, **kwargs)
+
+    monkeypatch.setattr(Table, "changes", spy)
+    with db.transaction() as t:  # other tables move on; no intent is submitted
+        t.upsert("kv", [{"k": "b", "v": "2"}])
+    assert db.resolve_intents() == 0
+    assert INTENTS not in read  # the txns log says the intents table was not written: nothing read
+    f = db.submit(writes={("kv", "c"): {"k": "c", "v": "3"}})
+    assert db.resolve_intents() == 1 and read.count(INTENTS) == 1
+    assert f.result().committed and _kv(db) == {"a": "1", "b": "2", "c": "3"}
+    db.close()
+
+
+def test_a_waiter_reads_each_outcome_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import txns.db.intents as intents
+
+    url = f"mem://intents-wait-{uuid.uuid4().hex}"
+    db = txns.connect(url)
+    db.create_table("kv", KV, primary_key=["k"])
+    resolver = txns.connect(url)
+    ranges: list[tuple[int, int]] = []
+    outcomes = intents._outcomes
+
+    def spy(d: txns.Database, asked: list[str], lo: int, hi: int) -> dict[str, Any]:
+        ranges.append((lo, hi))
+        return outcomes(d, asked, lo, hi)
+
+    monkeypatch.setattr(intents, "_outcomes", spy)
+    fs = db.submit_many([{"writes": {("kv", f"k{i}"): {"k": f"k{i}", "v": "x"}}} for i in range(3)])
+    result: list[Any] = []
+    waiter = threading.Thread(target=lambda: result.extend(intents.wait_all(fs, timeout=30, resolve=False)))
+    waiter.start()
+    for i in range(5):  # commits that are not outcomes, while the waiter polls
+        with resolver.transaction() as t:
+            t.upsert("kv", [{"k": f"other{i}", "v": "y"}])
+        time.sleep(0.02)
+    assert resolver.resolve_intents() == 3
+    waiter.join(30)
+    assert [o.committed for o in result] == [True, True, True]
+    assert ranges and ranges[0][0] == fs[0].epoch + 1
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))  # back to back, no overlap
+    resolver.close()
     db.close()
 
 

@@ -66,6 +66,7 @@ import datetime as dt
 import json
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -292,6 +293,7 @@ class Database:
         #: group commits made (each one conditional write) and transactions they carried (diagnostics)
         self.group_commits = 0
         self.grouped_transactions = 0
+        self.shared_commits: deque[int] = deque(maxlen=256)  # recent times at which a group of 2+ committed
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
         #: intents submitted and resolved through this object (txns.db.intents)
@@ -934,6 +936,8 @@ class Database:
             q.done = True
         self.group_commits += 1
         self.grouped_transactions += len(group)
+        if len(group) > 1:
+            self.shared_commits.extend(sorted(set(commit_ts)))
         self._applier.submit(max(commit_ts), written)
 
     def _commit_queued(self, group: list[_Pending]) -> None:

@@ -55,6 +55,17 @@ are a table like any other (``db.table("txns_outcomes")``: readable, with
 history and changes); the outcome's ``ts`` is the time of the commit that
 recorded it (and applied the intent's writes).
 
+**Costs.** A step parses every body with one JSON parse, reads the keys'
+rows with one filtered read per table, and hands the fixpoint a relation of
+dense integer codes (a (table, key) pair by equality, a row by its sorted
+items); outcomes go in as one Arrow table. A step first asks the txns log
+(the cache's per-table write times, no request) whether the intents table was
+written since the progress at all, ignoring this object's own earlier steps
+that committed alone (their only writes there are retirements); if not, it
+reads nothing more. A waiter polls the latest time and reads the outcomes
+table only when the log says it was written since its last poll, and then
+only the new range: each outcome is read once per waiter.
+
 Limits: the tables an intent touches must have a primary key and columns of
 JSON types (integers, floats, strings, booleans), because intents travel as
 JSON; a resolver must run within ``txns_intents``' retention of its intents.
@@ -74,11 +85,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
-import uuid
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -131,6 +142,10 @@ class IntentState:
         self.lock = threading.Lock()
         self.known: OrderedDict[str, Outcome] = OrderedDict()
         self.resolving = threading.Lock()  # one step at a time per object: concurrent ones would only conflict
+        # the commit times of this object's last resolution steps that committed alone (no other
+        # transaction at that time): their only writes to the intents table are retirements, so a
+        # step need not look at the intents table for them
+        self.steps: deque[int] = deque(maxlen=64)
 
 
 @dataclasses.dataclass
@@ -150,6 +165,46 @@ def _json_type(t: pa.DataType) -> bool:
         or pa.types.is_large_string(t)
         or pa.types.is_boolean(t)
     )
+
+
+def _exact_kind(t: pa.DataType) -> type | None:
+    """The Python type Arrow gives back for ``t`` where a value of exactly that type needs no conversion."""
+    if pa.types.is_int64(t):
+        return int
+    if pa.types.is_float64(t):
+        return float
+    if pa.types.is_string(t):
+        return str
+    if pa.types.is_boolean(t):
+        return bool
+    return None
+
+
+def _fits(kind: type | None, v: object) -> bool:
+    """Whether ``v`` is already exactly what Arrow gives back for a column of ``kind`` (the fast path)."""
+    return kind is not None and type(v) is kind and (kind is not int or -(2**63) <= v < 2**63)  # type: ignore[operator]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """A table as ``encode`` checks against it: computed once per table and submit."""
+
+    entry: TableEntry
+    names: tuple[str, ...]
+    key: tuple[str, ...]
+    key_kinds: tuple[type | None, ...]
+    columns: tuple[tuple[str, type | None, bool], ...]  # (name, exact kind, nullable)
+
+    @staticmethod
+    def of(e: TableEntry) -> _Shape:
+        pk = e.primary_key or ()
+        return _Shape(
+            e,
+            tuple(e.schema.names),
+            tuple(pk),
+            tuple(_exact_kind(e.schema.field(c).type) for c in pk),
+            tuple((f.name, _exact_kind(f.type), f.nullable) for f in e.schema),
+        )
 
 
 def _entry(db: Database, view: Mapping[str, TableEntry], table: object, what: str) -> TableEntry:
@@ -174,41 +229,25 @@ def _system(name: str) -> bool:
     return name in (INTENTS, OUTCOMES, RESOLVER)
 
 
-def _plain(t: pa.DataType, v: object) -> bool:
-    """Whether ``v`` is already exactly what Arrow gives back for type ``t`` (the fast path; else conform)."""
-    if v is None or isinstance(v, bool):
-        return v is None or bool(pa.types.is_boolean(t))
-    if isinstance(v, int):
-        return bool(pa.types.is_int64(t)) and -(2**63) <= v < 2**63
-    if isinstance(v, float):
-        return bool(pa.types.is_float64(t))
-    return isinstance(v, str) and bool(pa.types.is_string(t))
-
-
-def _key(e: TableEntry, key: object) -> Key:
+def _key(s: _Shape, key: object) -> Key:
     """``key`` normalized through the table's key columns (plain values pass as they are)."""
-    assert e.primary_key is not None
     t = key if isinstance(key, tuple) else (key,)
-    if len(t) == len(e.primary_key) and all(
-        v is not None and _plain(e.schema.field(c).type, v) for c, v in zip(e.primary_key, t, strict=True)
-    ):
+    if len(t) == len(s.key) and all(_fits(k, v) for k, v in zip(s.key_kinds, t, strict=True)):
         return t
-    return keys_from_values(e, [key])[0]
+    return keys_from_values(s.entry, [key])[0]
 
 
-def _row(e: TableEntry, key: Key, row: object, what: str) -> dict[str, Any]:
+def _row(s: _Shape, key: Key, row: object, what: str) -> dict[str, Any]:
+    e = s.entry
     if not isinstance(row, Mapping):
         raise InvalidUsage(f"{what}: the row of {e.name!r} {key!r} must be a dict of column -> value, got {row!r}")
-    names = e.schema.names
-    if len(row) == len(names) and all(
-        n in row and _plain(f.type, row[n]) and (f.nullable or row[n] is not None)
-        for n, f in zip(names, e.schema, strict=True)
+    if len(row) == len(s.names) and all(
+        n in row and (_fits(k, v := row[n]) or (v is None and nullable)) for n, k, nullable in s.columns
     ):
-        out = {n: row[n] for n in names}
+        out = {n: row[n] for n in s.names}
     else:
         out = conform(pa.Table.from_pylist([dict(row)]), e.schema, e.name).to_pylist()[0]
-    assert e.primary_key is not None
-    if tuple(out[c] for c in e.primary_key) != key:
+    if tuple(out[c] for c in s.key) != key:
         raise InvalidUsage(f"{what}: the row {out} of {e.name!r} does not have the key {key!r} it is given under")
     return out
 
@@ -226,47 +265,61 @@ def _pairs(arg: object, what: str) -> list[tuple[Any, Any]]:
     return out
 
 
-def encode(db: Database, view: Mapping[str, TableEntry], reads: object, writes: object, adds: object) -> str:
-    """The JSON body of an intent, its rows and keys normalized through the tables' schemas (``view``: the
-    catalog's tables); bad input raises."""
-    body: dict[str, list[Any]] = {"r": [], "w": [], "a": []}
-    for (table, key), row in _pairs(reads, "reads"):
-        e = _entry(db, view, table, "reads")
-        k = _key(e, key)
-        body["r"].append([table, list(k), None if row is None else _row(e, k, row, "reads")])
-    for (table, key), row in _pairs(writes, "writes"):
-        e = _entry(db, view, table, "writes")
-        k = _key(e, key)
-        body["w"].append([table, list(k), None if row is None else _row(e, k, row, "writes")])
-    for (table, key), deltas in _pairs(adds, "adds"):
-        e = _entry(db, view, table, "adds")
-        k = _key(e, key)
-        if not isinstance(deltas, Mapping) or not deltas:
-            raise InvalidUsage(f"adds: {table!r} {key!r} needs a non-empty dict of column -> delta, got {deltas!r}")
-        assert e.primary_key is not None
-        for col, d in deltas.items():
-            f = e.schema.field(col) if col in e.schema.names else None
-            if f is None or col in e.primary_key or not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)):
-                raise InvalidUsage(f"adds: {col!r} is not a numeric non-key column of {table!r}")
-            if isinstance(d, bool) or not isinstance(d, int | float):
-                raise InvalidUsage(f"adds: the delta of {table!r}.{col} must be a number, got {d!r}")
-            if pa.types.is_integer(f.type) and not isinstance(d, int):
-                raise InvalidUsage(f"adds: {table!r}.{col} is an integer column; its delta must be an int, got {d!r}")
-        body["a"].append([table, list(k), dict(deltas)])
-    if not (body["r"] or body["w"] or body["a"]):
-        raise InvalidUsage("an intent needs reads, writes or adds; this one has none")
-    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+def _once(seen: set[TableKey], table: str, k: Key, what: str) -> Key:
+    """``k``, noted in ``seen``; InvalidUsage if ``what`` names that key of ``table`` twice (in two spellings)."""
+    if (table, k) in seen:
+        raise InvalidUsage(f"{what}: {table!r} key {k!r} is given twice (as two spellings of one key); give it once")
+    seen.add((table, k))
+    return k
 
 
-def _decode(epoch: int, intent: str, body: str) -> _Intent:
-    j = json.loads(body)
-    return _Intent(
-        epoch,
-        intent,
-        [(t, tuple(k), v) for t, k, v in j["r"]],
-        [(t, tuple(k), v) for t, k, v in j["w"]],
-        [(t, tuple(k), v) for t, k, v in j["a"]],
-    )
+class _Encoder:
+    """Intents to JSON bodies, their rows and keys normalized through the tables' schemas (bad input raises).
+
+    ``view``: the catalog's tables. Each table is checked once per encoder.
+    """
+
+    def __init__(self, db: Database, view: Mapping[str, TableEntry]) -> None:
+        self.db = db
+        self.view = view
+        self.shapes: dict[object, _Shape] = {}
+
+    def shape(self, table: object, what: str) -> _Shape:
+        s = self.shapes.get(table) if isinstance(table, str) else None
+        if s is None:
+            s = _Shape.of(_entry(self.db, self.view, table, what))
+            self.shapes[table] = s
+        return s
+
+    def encode(self, reads: object, writes: object, adds: object) -> str:
+        body: dict[str, list[Any]] = {"r": [], "w": [], "a": []}
+        for what, pairs, side in (("reads", reads, body["r"]), ("writes", writes, body["w"])):
+            seen: set[TableKey] = set()
+            for (table, key), row in _pairs(pairs, what):
+                s = self.shape(table, what)
+                k = _once(seen, table, _key(s, key), what)
+                side.append([table, list(k), None if row is None else _row(s, k, row, what)])
+        seen = set()
+        for (table, key), deltas in _pairs(adds, "adds"):
+            s = self.shape(table, "adds")
+            e = s.entry
+            k = _once(seen, table, _key(s, key), "adds")
+            if not isinstance(deltas, Mapping) or not deltas:
+                raise InvalidUsage(f"adds: {table!r} {key!r} needs a non-empty dict of column -> delta, got {deltas!r}")
+            for col, d in deltas.items():
+                f = e.schema.field(col) if col in e.schema.names else None
+                if f is None or col in s.key or not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)):
+                    raise InvalidUsage(f"adds: {col!r} is not a numeric non-key column of {table!r}")
+                if isinstance(d, bool) or not isinstance(d, int | float):
+                    raise InvalidUsage(f"adds: the delta of {table!r}.{col} must be a number, got {d!r}")
+                if pa.types.is_integer(f.type) and not isinstance(d, int):
+                    raise InvalidUsage(
+                        f"adds: {table!r}.{col} is an integer column; its delta must be an int, got {d!r}"
+                    )
+            body["a"].append([table, list(k), dict(deltas)])
+        if not (body["r"] or body["w"] or body["a"]):
+            raise InvalidUsage("an intent needs reads, writes or adds; this one has none")
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
 # ---- the tables ------------------------------------------------------------------------------
@@ -358,30 +411,58 @@ class IntentFuture:
 def wait_all(futures: list[IntentFuture], timeout: float | None = 60.0, *, resolve: bool = True) -> list[Outcome]:
     """The outcomes of ``futures`` (of one database), waiting as :meth:`IntentFuture.result` does.
 
-    One read of the outcomes table per poll serves all of them.
+    Each poll reads the latest time (one head read) and, only when the
+    outcomes table was written since the previous poll (the txns log says),
+    the outcomes committed since then: one read serves all the futures, and
+    no outcome is read twice.
     """
     if not futures:
         return []
     db = futures[0].db
     deadline = None if timeout is None else time.monotonic() + timeout
     attempt = 0
+    read_to: int | None = None  # every outcome committed at or below it has been read
     while True:
         pending = [f for f in futures if f._outcome is None]
         if not pending:
             break
-        for f, o in zip(pending, lookup_many(db, [(f.intent, f.epoch) for f in pending]), strict=True):
-            f._outcome = o
-        if all(f._outcome is not None for f in pending):
+        st = db.intent_state
+        with st.lock:
+            for f in pending:
+                f._outcome = st.known.get(f.intent)
+        rest = [f for f in pending if f._outcome is None]
+        if not rest:
             break
-        _check_durable([f for f in pending if f._outcome is None and f.uncertain])
+        hi = db.latest()
+        lo = min(f.epoch for f in rest) + 1 if read_to is None else read_to + 1
+        if hi >= lo:
+            found = _outcomes(db, [f.intent for f in rest], lo, hi)
+            for f in rest:
+                f._outcome = found.get(f.intent)
+            read_to = hi
+        if all(f._outcome is not None for f in rest):
+            break
+        _check_durable([f for f in rest if f._outcome is None and f.uncertain])
         if deadline is not None and time.monotonic() > deadline:
             missing = [f.intent for f in futures if f._outcome is None]
             raise TimeoutError(f"{len(missing)} intent(s) ({missing[0]}, ...) have no outcome after {timeout} s")
         if resolve and resolve_intents(db):
             continue
         attempt += 1
-        backoff(attempt, cap_s=0.05, base_s=0.001)
+        backoff(attempt, cap_s=0.1, base_s=0.001)
     return [f._outcome for f in futures if f._outcome is not None]
+
+
+def _outcomes(db: Database, intents: list[str], lo: int, hi: int) -> dict[str, Outcome]:
+    """The outcomes of ``intents`` committed in ``[lo, hi]`` (``hi`` at most the latest time)."""
+    from txns.db.table import Table
+
+    if not _written(db, OUTCOMES, lo, hi):
+        return {}
+    ch = Table(db, OUTCOMES).changes(lo, hi + 1)
+    ch = ch.filter(pc.and_(pc.is_in(ch.column("intent"), pa.array(intents, pa.string())),
+                           pc.greater(ch.column("diff"), 0)))  # fmt: skip
+    return {r["intent"]: Outcome(r["intent"], r["epoch"], r["committed"], r["ts"], r["reason"]) for r in ch.to_pylist()}
 
 
 def _check_durable(uncertain: list[IntentFuture]) -> None:
@@ -420,29 +501,30 @@ def submit_many(
             raise InvalidUsage(f"intent {i} must be a dict with keys among reads, writes, adds; got {it!r}")
     latest = db.cached_latest()
     try:  # (the catalog as this process last saw it: no request; a table it has not seen yet: look again)
-        view = db.catalog(latest if latest is not None else db.latest()).tables
-        bodies = [encode(db, view, it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
+        enc = _Encoder(db, db.catalog(latest if latest is not None else db.latest()).tables)
+        bodies = [enc.encode(it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
     except TableNotFound:
-        view = db.catalog(db.latest()).tables
-        bodies = [encode(db, view, it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
-    rows = [{"intent": uuid.uuid4().hex, "body": body} for body in bodies]
-    if not rows:
+        enc = _Encoder(db, db.catalog(db.latest()).tables)
+        bodies = [enc.encode(it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
+    if not bodies:
         return []
+    hexed = os.urandom(16 * len(bodies)).hex()  # (as uuid4: 128 random bits each)
+    ids = [hexed[32 * n : 32 * n + 32] for n in range(len(bodies))]
     before = db.cached_latest()
     try:
         with db.transaction(metadata=metadata) as t:
-            t.insert(INTENTS, rows)
+            t.insert(INTENTS, pa.table({"intent": pa.array(ids, pa.string()), "body": pa.array(bodies, pa.string())}))
     except Indeterminate as e:
-        futures = [IntentFuture(db, r["intent"], before or 0, uncertain=True) for r in rows]
+        futures = [IntentFuture(db, i, before or 0, uncertain=True) for i in ids]
         raise SubmitUncertain(
-            f"the submit of {len(rows)} intent(s) may or may not have landed ({e}); do not submit them again: "
+            f"the submit of {len(ids)} intent(s) may or may not have landed ({e}); do not submit them again: "
             f"wait on this exception's futures (an outcome, or IntentNotDurable if it never landed)",
             futures,
         ) from e
     info = t.commit_info
     assert info is not None and info.ts is not None
     epoch = info.ts
-    return [IntentFuture(db, r["intent"], epoch) for r in rows]
+    return [IntentFuture(db, i, epoch) for i in ids]
 
 
 # ---- resolving -------------------------------------------------------------------------------
@@ -466,14 +548,11 @@ def lookup_many(db: Database, asked: list[tuple[str, int]]) -> list[Outcome | No
     rest = [(n, i, e) for n, (i, e) in enumerate(asked) if out[n] is None]
     if not rest:
         return out
-    ch = db.table(OUTCOMES).changes(min(e for _, _, e in rest) + 1)
-    ch = ch.filter(pc.and_(pc.is_in(ch.column("intent"), pa.array([i for _, i, _ in rest], pa.string())),
-                           pc.greater(ch.column("diff"), 0)))  # fmt: skip
-    found = {r["intent"]: r for r in ch.to_pylist()}
+    hi = db.latest()
+    lo = min(e for _, _, e in rest) + 1
+    found = _outcomes(db, [i for _, i, _ in rest], lo, hi) if hi >= lo else {}
     for n, i, _ in rest:
-        r = found.get(i)
-        if r is not None:
-            out[n] = Outcome(i, r["epoch"], r["committed"], r["ts"], r["reason"])
+        out[n] = found.get(i)
     return out
 
 
@@ -503,41 +582,103 @@ def resolve_intents(db: Database, max_attempts: int = RESOLVE_MAX_ATTEMPTS) -> i
                 raise
             assert info.ts is not None
             with st.lock:
-                for o in done:
-                    st.known[o.intent] = dataclasses.replace(o, ts=info.ts)
+                if info.ts not in db.shared_commits:  # (committed alone: no one's intents at that time)
+                    st.steps.append(info.ts)
+                for i, epoch, ok, why in zip(done.ids, done.epochs, done.committed, done.reasons, strict=True):
+                    st.known[i] = Outcome(i, epoch, ok, info.ts, why)
                 while len(st.known) > KNOWN_OUTCOMES:
                     st.known.popitem(last=False)
-            return len(done)
+            return len(done.ids)
     raise TransactionConflict(f"resolving intents conflicted {max_attempts} times in a row; try again")
 
 
-def _step(db: Database, t: Transaction) -> list[Outcome] | None:
+@dataclasses.dataclass
+class _Resolved:
+    """The outcomes of one step, in id order (column by column)."""
+
+    ids: list[str]
+    epochs: list[int]
+    committed: list[bool]
+    reasons: list[str | None]
+
+
+ROLLED_BACK = "a read no longer matched"
+
+
+def _written(db: Database, name: str, lo: int, hi: int, but: Collection[int] = ()) -> bool:
+    """Whether a commit in ``[lo, hi]`` (other than at the times ``but``) may have written table ``name``.
+
+    From the txns cache's record of write times (no request); True where it cannot tell.
+    """
+    from txns.db.validation import writes_in
+
+    e = db.catalog(hi).tables.get(name)
+    if e is None:
+        return True
+    with db._lock:
+        cache = db.handle.cache
+        if lo < cache.since or hi >= cache.frontier:
+            return True
+        return bool(writes_in(cache, e.data_id, lo, hi).difference(but))
+
+
+def _step(db: Database, t: Transaction) -> _Resolved | None:
     """Stage one resolution step in ``t`` (see the module doc); the outcomes, or None if nothing is to resolve."""
+    from txns.db.table import Table
+
     prog = t.get(RESOLVER, PROGRESS)
     done_to = -1 if prog is None else int(prog["epoch"])
     read_ts = t.read_ts
-    if read_ts <= done_to:
+    st = db.intent_state
+    with st.lock:
+        own_steps = set(st.steps)
+    if read_ts <= done_to or not _written(db, INTENTS, done_to + 1, read_ts, but=own_steps):
         return None
-    ch = db.table(INTENTS).changes(done_to + 1, read_ts + 1)
+    ch = Table(db, INTENTS).changes(done_to + 1, read_ts + 1)
     ch = ch.filter(pc.greater(ch.column("diff"), 0))
     if ch.num_rows == 0:
         return None
-    rows = sorted(zip(ch.column("ts").to_pylist(), ch.column("intent").to_pylist(), ch.column("body").to_pylist(),
-                      strict=True))  # fmt: skip
-    intents = [_decode(ts, i, b) for ts, i, b in rows]
+    ch = ch.sort_by([("ts", "ascending"), ("intent", "ascending")])
+    ids = ch.column("intent").to_pylist()
+    epochs = ch.column("ts").to_pylist()
+    # one parse for every body (a JSON array of the bodies); keys become tuples in place
+    bodies: list[dict[str, list[list[Any]]]] = json.loads("[" + ",".join(ch.column("body").to_pylist()) + "]")
     # the tables as t sees them; intents naming a table that is gone roll back
     tables = db.catalog(read_ts).tables  # (t has no DDL: its view is the catalog at its read time)
     usable = {n for n, e in tables.items() if e.primary_key is not None and not _system(n)}
     keys: dict[str, set[Key]] = {}
-    for it in intents:
-        for table, k in _touched(it):
-            if table in usable:
-                keys.setdefault(table, set()).add(k)
+    gone: dict[int, list[str]] = {}
+    any_adds = False
+    for n, body in enumerate(bodies):
+        missing: set[str] | None = None
+        for side in ("r", "w", "a"):
+            for x in body[side]:
+                tb = x[0]
+                x[1] = k = tuple(x[1])
+                if tb in usable:
+                    keys.setdefault(tb, set()).add(k)
+                else:
+                    missing = {tb} if missing is None else missing | {tb}
+        any_adds = any_adds or bool(body["a"])
+        if missing is not None:
+            gone[n] = sorted(missing)
     base: dict[TableKey, dict[str, Any] | None] = {}
     for table, ks in sorted(keys.items()):
-        for k, row in t.get_many(table, sorted(ks, key=repr)).items():
+        for k, row in t.get_many(table, list(ks)).items():
             base[(table, k)] = row
-    outcomes, final = _evaluate(intents, usable, base)
+    if any_adds:
+        intents = [
+            _Intent(ep, i, [(x[0], x[1], x[2]) for x in body["r"]], [(x[0], x[1], x[2]) for x in body["w"]],
+                    [(x[0], x[1], x[2]) for x in body["a"]])
+            for ep, i, body in zip(epochs, ids, bodies, strict=True)
+        ]  # fmt: skip
+        committed, final = _evaluate_sequential(intents, gone, base)
+    else:
+        committed, final = _evaluate_fixpoint(bodies, gone, base)
+    reasons = [
+        None if ok else (f"table(s) {gone[n]} no longer exist" if n in gone else ROLLED_BACK)
+        for n, ok in enumerate(committed)
+    ]
     upserts: dict[str, list[dict[str, Any]]] = {}
     deletes: dict[str, list[Key]] = {}
     for (table, k), row in final.items():
@@ -551,40 +692,30 @@ def _step(db: Database, t: Transaction) -> list[Outcome] | None:
         t.upsert(table, rs)
     for table, gone_keys in sorted(deletes.items()):
         t.delete(table, gone_keys)
-    t.insert(OUTCOMES, [{"intent": o.intent, "epoch": o.epoch, "committed": o.committed, "reason": o.reason}
-                        for o in outcomes])  # fmt: skip
+    t.insert(
+        OUTCOMES,
+        pa.table({"intent": pa.array(ids, pa.string()), "epoch": pa.array(epochs, pa.int64()),
+                  "committed": pa.array(committed, pa.bool_()), "reason": pa.array(reasons, pa.string())}),
+    )  # fmt: skip
     t.upsert(RESOLVER, [{"name": PROGRESS, "epoch": read_ts}])
     # Retire the resolved intents in the same commit: their outcomes are recorded and nothing reads
     # an intent below the progress again but by its history (changes keep the insertion), so
     # compaction past the table's retention drops them (the table does not grow with every intent).
     t._retract_present(INTENTS, ch.select(["intent", "body"]))
-    return outcomes
+    return _Resolved(ids, epochs, committed, reasons)
 
 
-def _tables(it: _Intent) -> set[str]:
-    return {x[0] for x in it.reads} | {x[0] for x in it.writes} | {x[0] for x in it.adds}
-
-
-def _touched(it: _Intent) -> list[TableKey]:
-    return [(x[0], x[1]) for x in it.reads] + [(x[0], x[1]) for x in it.writes] + [(x[0], x[1]) for x in it.adds]
-
-
-def _evaluate(
-    intents: list[_Intent], usable: set[str], base: dict[TableKey, dict[str, Any] | None]
-) -> tuple[list[Outcome], dict[TableKey, dict[str, Any] | None]]:
-    """The rule in id order: each intent's outcome, and the final row of every key a committed one changed."""
-    gone = {it.id: sorted(_tables(it) - usable) for it in intents}
-    if not any(it.adds for it in intents):
-        return _evaluate_fixpoint(intents, gone, base)
+def _evaluate_sequential(
+    intents: list[_Intent], gone: dict[int, list[str]], base: dict[TableKey, dict[str, Any] | None]
+) -> tuple[list[bool], dict[TableKey, dict[str, Any] | None]]:
+    """The rule in id order, one intent at a time (the path for steps with adds): each intent's outcome, and
+    the final row of every key a committed one changed."""
     state = dict(base)
     final: dict[TableKey, dict[str, Any] | None] = {}
-    outcomes = []
-    for it in intents:
-        if gone[it.id]:
-            outcomes.append(Outcome(it.id, it.epoch, False, 0, f"table(s) {gone[it.id]} no longer exist"))
-            continue
-        if any(state.get((tb, k)) != v for tb, k, v in it.reads):
-            outcomes.append(Outcome(it.id, it.epoch, False, 0, "a read no longer matched"))
+    committed = []
+    for n, it in enumerate(intents):
+        if n in gone or any(state.get((tb, k)) != v for tb, k, v in it.reads):
+            committed.append(False)
             continue
         for tb, k, v in it.writes:
             state[(tb, k)] = final[(tb, k)] = v
@@ -596,76 +727,68 @@ def _evaluate(
             for col, d in deltas.items():
                 new[col] = (new[col] or 0) + d
             state[(tb, k)] = final[(tb, k)] = new
-        outcomes.append(Outcome(it.id, it.epoch, True, 0))
-    return outcomes, final
+        committed.append(True)
+    return committed, final
 
 
 def _evaluate_fixpoint(
-    intents: list[_Intent], gone: dict[str, list[str]], base: dict[TableKey, dict[str, Any] | None]
-) -> tuple[list[Outcome], dict[TableKey, dict[str, Any] | None]]:
-    """Plain intents through :func:`txns.resolve.resolve`: the base rows are the writes of id 0.
+    bodies: list[dict[str, list[list[Any]]]], gone: dict[int, list[str]], base: dict[TableKey, dict[str, Any] | None]
+) -> tuple[list[bool], dict[TableKey, dict[str, Any] | None]]:
+    """Plain intents (decoded bodies, keys as tuples) through :func:`txns.resolve.resolve`; base rows are id 0's writes.
 
-    Keys and rows become canonical strings (``repr`` of the key, and of the
-    row's sorted items: rows hold only JSON-typed values, and both the stored
-    intents and the rows read come back as the same Python types, so equal
-    rows give equal strings).
+    The relation's keys and values are dense integer codes: a (table, key)
+    pair by equality, a row by its sorted items (rows hold only JSON-typed
+    values, and both the stored intents and the rows read come back as the
+    same Python types, so equal rows give equal codes); null is "absent".
     """
-    ids, is_read, keys, vals = [], [], [], []
-    names: dict[str, TableKey] = {}
-    rows: dict[str, dict[str, Any]] = {}
+    kcode: dict[TableKey, int] = {}
+    vcode: dict[tuple[tuple[str, Any], ...], int] = {}
+    rows: list[dict[str, Any]] = []
+    ids: list[int] = []
+    is_read: list[bool] = []
+    kc: list[int] = []
+    vc: list[int | None] = []
 
-    def key(tb: str, k: Key) -> str:
-        s = repr((tb, k))
-        names[s] = (tb, k)
-        return s
+    def row_code(canon: tuple[tuple[str, Any], ...], v: dict[str, Any]) -> int:
+        d = vcode.get(canon)
+        if d is None:
+            d = vcode[canon] = len(rows)
+            rows.append(v)
+        return d
 
-    def canon(v: dict[str, Any] | None) -> str | None:
-        if v is None:
-            return None
-        s = repr(sorted(v.items()))
-        rows[s] = v
-        return s
-
-    for (tb, k), row in base.items():
+    for tk, row in base.items():
         if row is not None:
             ids.append(0)
             is_read.append(False)
-            keys.append(key(tb, k))
-            vals.append(canon(row))
-    for n, it in enumerate(intents, start=1):
-        if gone[it.id]:
+            kc.append(kcode.setdefault(tk, len(kcode)))
+            vc.append(row_code(tuple(sorted(row.items())), row))
+    for n, body in enumerate(bodies, start=1):
+        if n - 1 in gone:
             continue
-        for tb, k, v in it.reads:
-            ids.append(n)
-            is_read.append(True)
-            keys.append(key(tb, k))
-            vals.append(canon(v))
-        for tb, k, v in it.writes:
-            ids.append(n)
-            is_read.append(False)
-            keys.append(key(tb, k))
-            vals.append(canon(v))
+        for read, side in ((True, body["r"]), (False, body["w"])):
+            for tb, k, v in side:
+                ids.append(n)
+                is_read.append(read)
+                kc.append(kcode.setdefault((tb, k), len(kcode)))
+                # (a body's rows come with their columns sorted: encode dumps them with sort_keys)
+                vc.append(None if v is None else row_code(tuple(v.items()), v))
     relation = pa.table(
         {"id": pa.array(ids, pa.int64()), "is_read": pa.array(is_read, pa.bool_()),
-         "key": pa.array(keys, pa.string()), "val": pa.array(vals, pa.string())}
+         "key": pa.array(kc, pa.int64()), "val": pa.array(vc, pa.int64())}
     )  # fmt: skip
     res = resolve(relation)
     rolled = set(res.rollback.column("id").to_pylist())
-    outcomes = []
-    for n, it in enumerate(intents, start=1):
-        if gone[it.id]:
-            outcomes.append(Outcome(it.id, it.epoch, False, 0, f"table(s) {gone[it.id]} no longer exist"))
-        elif n in rolled:
-            outcomes.append(Outcome(it.id, it.epoch, False, 0, "a read no longer matched"))
-        else:
-            outcomes.append(Outcome(it.id, it.epoch, True, 0))
-    store = {r["key"]: r["val"] for r in res.store.to_pylist()}
+    committed = [n not in rolled and n - 1 not in gone for n in range(1, len(bodies) + 1)]
+    store = dict(zip(res.store.column("key").to_pylist(), res.store.column("val").to_pylist(), strict=True))
     final: dict[TableKey, dict[str, Any] | None] = {}
-    written = {keys[i] for i in range(len(ids)) if ids[i] > 0 and not is_read[i] and ids[i] not in rolled}
-    for name in written:
-        v = store.get(name)
-        final[names[name]] = None if v is None else rows[v]
-    return outcomes, final
+    for n, body in enumerate(bodies, start=1):
+        if committed[n - 1]:
+            for tb, k, _ in body["w"]:
+                tk = (tb, k)
+                if tk not in final:
+                    v = store.get(kcode[tk])
+                    final[tk] = None if v is None else rows[v]
+    return committed, final
 
 
 __all__ = [

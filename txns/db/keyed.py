@@ -175,7 +175,11 @@ def prune_plan(e: TableEntry, plan: SnapshotPlan, keys: Collection[Key]) -> Snap
     """
     pk = require_keyed(e, "a keyed read")
     typ = e.schema.field(pk[0]).type
-    runs = prune_runs(plan.runs, (bound_value(pa.scalar(k[0], typ)) for k in keys))
+    if pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        firsts: Iterable[Any] = {k[0] for k in keys}  # (normalized keys: their values are the bounds already)
+    else:
+        firsts = (bound_value(pa.scalar(k[0], typ)) for k in keys)
+    runs = prune_runs(plan.runs, firsts)
     return plan if runs == plan.runs else replace(plan, runs=runs)
 
 
