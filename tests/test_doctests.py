@@ -28,6 +28,7 @@ MODULES = [
     "txns.resolve.rule",
     "txns.resolve.batch",
     "txns.resolve.incremental",
+    "txns.resolve.incremental_additive",
     "txns.resolve.maintain",
     "txns.resolve.additive",
     "txns.resolve.order",
@@ -54,6 +55,7 @@ def test_docstring_examples(name: str) -> None:
         "persist.shard",
         "txns.resolve.batch",
         "txns.resolve.incremental",
+        "txns.resolve.incremental_additive",
         "txns.resolve.additive",
         "txns.resolve.order",
     ):

@@ -62,7 +62,11 @@ higher ids resolve the same on top of the maintained intents.
 **Extensions.** :mod:`txns.resolve.additive` (part 6): additive writes
 ``adds(id, key, delta)`` beside the intents, the rule with them
 (:func:`sequential_additive`, :func:`resolve_additive`), and the pairwise
-resolver (:func:`pairwise`), exact under conditions stated there.
+resolver (:func:`pairwise`), exact under conditions stated there;
+:mod:`txns.resolve.incremental_additive`: :class:`AdditiveResolver`, the
+incremental resolver for them (``resolve_additive``'s answer and rounds kept up
+to date under ``add``/``retract``; a read of a key that is only added to costs
+O(log adders), not O(adders)).
 :mod:`txns.resolve.order` (part 7): choosing the serialization order within an
 epoch (:func:`txns.resolve.order.reorder`) so that more transactions commit;
 the rule then applies unchanged in the new order.
@@ -82,6 +86,7 @@ from __future__ import annotations
 from txns.resolve.additive import pairwise, resolve_additive, sequential_additive
 from txns.resolve.batch import resolve
 from txns.resolve.incremental import Resolver
+from txns.resolve.incremental_additive import AdditiveResolver
 from txns.resolve.maintain import (
     dead_intents,
     maintain,
@@ -93,6 +98,7 @@ from txns.resolve.repair import BatchContext, Execution, RepairResult, execute, 
 from txns.resolve.rule import Resolution, sequential
 
 __all__ = [
+    "AdditiveResolver",
     "BatchContext",
     "Execution",
     "RepairResult",
