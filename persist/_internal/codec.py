@@ -8,6 +8,14 @@ The checksum covers everything before it. :func:`unframe` raises
 :class:`persist.errors.CorruptObject` naming the key on any mismatch, so
 nothing corrupt is ever decoded.
 
+A shard's state is written compressed (zstd, through pyarrow): its frame has
+format version 2 (:data:`ZSTD_VERSION`), whose payload is the uncompressed
+size (u64, big endian) and the zstd frame of the version-1 payload. States
+repeat themselves (batch descriptors, inline rows as base64 of Arrow IPC with
+its zero padding), so this cuts the bytes of every state write and read by
+about 10x for a fraction of a millisecond. A
+library that knows only version 1 refuses such a frame, saying to upgrade.
+
 Parquet data parts are the one exception to the framing (so that any Parquet
 reader, e.g. Spark's, can read them as they are): their CRC-32C is recorded in
 the part's descriptor inside the (framed) shard state and checked on every
@@ -19,11 +27,17 @@ from __future__ import annotations
 import struct
 
 import google_crc32c
+import pyarrow as pa
 
 from persist.errors import CorruptObject
 
 MAGIC = b"TXP1"
 FORMAT_VERSION = 1
+"""The version of uncompressed frames (and of Parquet parts' metadata)."""
+ZSTD_VERSION = 2
+"""The version of a frame whose payload is zstd-compressed (shard states)."""
+NEWEST_VERSION = ZSTD_VERSION
+ZSTD_LEVEL = 1  # (a 200 KB state: 0.2 ms, about 10x smaller; higher levels gain little on it)
 
 KIND_STATE = 1
 KIND_BATCH = 2
@@ -32,7 +46,7 @@ KIND_BATCH = 2
 
 _HEADER = struct.Struct(">4sBH")
 _CRC = struct.Struct(">I")
-
+_SIZE = struct.Struct(">Q")  # a compressed payload starts with its uncompressed size
 
 
 def crc32c(data: bytes) -> int:
@@ -46,9 +60,23 @@ def crc32c(data: bytes) -> int:
     return crc
 
 
-def frame(kind: int, payload: bytes) -> bytes:
-    """``payload`` framed with magic, kind, format version and checksum."""
-    body = _HEADER.pack(MAGIC, kind, FORMAT_VERSION) + payload
+def _zstd() -> pa.Codec:
+    global _CODEC
+    if _CODEC is None:
+        _CODEC = pa.Codec("zstd", compression_level=ZSTD_LEVEL)
+    return _CODEC
+
+
+_CODEC: pa.Codec | None = None
+
+
+def frame(kind: int, payload: bytes, *, compress: bool = False) -> bytes:
+    """``payload`` framed with magic, kind, format version and checksum; ``compress``: zstd (version 2)."""
+    if compress:
+        packed: bytes = _SIZE.pack(len(payload)) + _zstd().compress(payload, asbytes=True)
+        body = _HEADER.pack(MAGIC, kind, ZSTD_VERSION) + packed
+    else:
+        body = _HEADER.pack(MAGIC, kind, FORMAT_VERSION) + payload
     return body + _CRC.pack(crc32c(body))
 
 
@@ -64,8 +92,16 @@ def unframe(key: str, data: bytes, kind: int) -> bytes:
         raise CorruptObject(key, f"bad magic {magic!r}")
     if got_kind != kind:
         raise CorruptObject(key, f"expected object kind {kind}, found {got_kind}")
-    if version > FORMAT_VERSION:
-        raise CorruptObject(
-            key, f"format version {version} is newer than this library's {FORMAT_VERSION}; upgrade"
-        )
-    return body[_HEADER.size :]
+    if version > NEWEST_VERSION:
+        raise CorruptObject(key, f"format version {version} is newer than this library's {NEWEST_VERSION}; upgrade")
+    payload = body[_HEADER.size :]
+    if version == ZSTD_VERSION:
+        try:
+            (size,) = _SIZE.unpack(payload[: _SIZE.size])
+            out = _zstd().decompress(payload[_SIZE.size :], decompressed_size=size, asbytes=True)
+        except (pa.ArrowException, OSError, ValueError, struct.error) as e:
+            raise CorruptObject(key, f"zstd payload does not decompress: {e}") from None
+        if len(out) != size:
+            raise CorruptObject(key, f"zstd payload decompressed to {len(out)} bytes, not the {size} recorded")
+        return out  # type: ignore[no-any-return]
+    return payload

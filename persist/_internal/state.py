@@ -142,7 +142,7 @@ class ShardState:
             "marks": self.marks,
             "garbage": self.garbage,
         }
-        return frame(KIND_STATE, json.dumps(j, separators=(",", ":")).encode())
+        return frame(KIND_STATE, json.dumps(j, separators=(",", ":")).encode(), compress=True)
 
     @staticmethod
     def decode(key: str, data: bytes, seqno: int) -> ShardState:
