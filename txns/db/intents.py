@@ -64,7 +64,12 @@ written since the progress at all, ignoring this object's own earlier steps
 that committed alone (their only writes there are retirements); if not, it
 reads nothing more. A waiter polls the latest time and reads the outcomes
 table only when the log says it was written since its last poll, and then
-only the new range: each outcome is read once per waiter.
+only the new range: each outcome is read once per waiter. A step (and a
+submit) pauses CPython's cycle collector while it runs: its hundreds of
+thousands of short-lived containers would otherwise trigger full collections,
+each a scan of the whole process heap (they took about half of a
+10,000-intent step in a long-running process; the garbage has no cycles and
+is freed by reference counting anyway).
 
 Limits: the tables an intent touches must have a primary key and columns of
 JSON types (integers, floats, strings, booleans), because intents travel as
@@ -83,13 +88,15 @@ stored table does not grow with every intent ever submitted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -496,6 +503,13 @@ def submit_many(
 ) -> list[IntentFuture]:
     """Submit several intents (each a dict with ``reads``/``writes``/``adds``) in one commit."""
     ensure_tables(db)
+    with _collector_paused():
+        return _submit_many(db, intents, metadata)
+
+
+def _submit_many(
+    db: Database, intents: list[Mapping[str, Any]], metadata: Mapping[str, Any] | None
+) -> list[IntentFuture]:
     for i, it in enumerate(intents):
         if not isinstance(it, Mapping) or set(it) - {"reads", "writes", "adds"}:
             raise InvalidUsage(f"intent {i} must be a dict with keys among reads, writes, adds; got {it!r}")
@@ -568,11 +582,12 @@ def resolve_intents(db: Database, max_attempts: int = RESOLVE_MAX_ATTEMPTS) -> i
         for attempt in range(1, max_attempts + 1):
             t = db.transaction(metadata={"txns": "resolve intents"}, isolation="strict_serializable")
             try:
-                done = _step(db, t)
-                if done is None:
-                    t.abort()
-                    return 0
-                info = t.commit()
+                with _collector_paused():
+                    done = _step(db, t)
+                    if done is None:
+                        t.abort()
+                        return 0
+                    info = t.commit()
             except TransactionConflict:
                 t.abort()
                 backoff(attempt, cap_s=0.05, base_s=0.001)
@@ -590,6 +605,25 @@ def resolve_intents(db: Database, max_attempts: int = RESOLVE_MAX_ATTEMPTS) -> i
                     st.known.popitem(last=False)
             return len(done.ids)
     raise TransactionConflict(f"resolving intents conflicted {max_attempts} times in a row; try again")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause CPython's cycle collector while a step or a submit makes (and drops) many small containers.
+
+    Their garbage has no cycles: reference counting frees it. What the pause
+    saves are the full collections those allocations trigger, each a scan of
+    every tracked object in the process (measured: 16 full collections, 1.7 s,
+    over five 10,000-intent steps and their submits). The collector is on
+    again afterwards if it was on before.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 @dataclasses.dataclass
