@@ -10,6 +10,7 @@ needed. ``HYPOTHESIS_PROFILE=slow`` runs the properties deeper.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import pyarrow as pa
 import pytest
@@ -154,24 +155,31 @@ def test_float_deltas() -> None:
 
 
 VALS = st.sampled_from([None, 0, 1, 2, 3])
+BASES = st.none() | st.dictionaries(st.sampled_from(KEYS), st.integers(0, 3))
 
 
-@st.composite
-def cases(draw: st.DrawFn) -> tuple[list[Row], list[Add], dict[str, int] | None]:
-    ids = draw(st.lists(st.integers(0, 30), unique=True, max_size=8))
+def draw_transactions(draw: st.DrawFn, ids: Iterable[int], kinds: int, add_kinds: int) -> tuple[list[Row], list[Add]]:
+    """Rows and adds of transactions ``ids``: per transaction and key of KEYS, a read one time in three; of
+    ``kinds`` equally likely kinds, the first is a plain write, the next ``add_kinds`` an add, the rest neither."""
     rows: list[Row] = []
     adds: list[Add] = []
     for i in ids:
         for k in KEYS:
             if draw(st.integers(0, 2)) == 0:
                 rows.append((i, True, k, draw(VALS)))
-            kind = draw(st.integers(0, 5))
+            kind = draw(st.integers(0, kinds - 1))
             if kind == 0:
                 rows.append((i, False, k, draw(VALS)))
-            elif kind == 1:
+            elif kind <= add_kinds:
                 adds.append((i, k, draw(st.integers(-2, 2))))
-    base = draw(st.none() | st.dictionaries(st.sampled_from(KEYS), st.integers(0, 3)))
-    return rows, adds, base
+    return rows, adds
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[Row], list[Add], dict[str, int] | None]:
+    ids = draw(st.lists(st.integers(0, 30), unique=True, max_size=8))
+    rows, adds = draw_transactions(draw, ids, kinds=6, add_kinds=1)
+    return rows, adds, draw(BASES)
 
 
 @PROFILE

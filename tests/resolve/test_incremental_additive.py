@@ -23,7 +23,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.resolve.test_additive import ADDS, BASE, OUTCOME, READS, Add, Row, answer, model, tables
+from tests.resolve.test_additive import (
+    ADDS,
+    BASE,
+    BASES,
+    OUTCOME,
+    READS,
+    Add,
+    Row,
+    answer,
+    draw_transactions,
+    model,
+    tables,
+)
 from tests.resolve.test_resolve import PROFILE
 from txns.resolve import AdditiveResolver, Resolution, resolve_additive, sequential_additive
 from txns.resolve import incremental_additive as module
@@ -245,30 +257,17 @@ def test_refused_changes_leave_the_state_unchanged() -> None:
 
 # ---- properties
 
-KEYS = ["a", "b", "c"]  # each may get plain writes and adds
-VALS = st.sampled_from([None, 0, 1, 2, 3])
-
 
 @st.composite
 def transactions(draw: st.DrawFn, ids: list[int]) -> tuple[list[Row], list[Add]]:
-    rows: list[Row] = []
-    adds: list[Add] = []
-    for i in ids:
-        for k in KEYS:
-            if draw(st.integers(0, 2)) == 0:
-                rows.append((i, True, k, draw(VALS)))
-            kind = draw(st.integers(0, 4))
-            if kind == 0:
-                rows.append((i, False, k, draw(VALS)))
-            elif kind in (1, 2):
-                adds.append((i, k, draw(st.integers(-2, 2))))
-    return rows, adds
+    """Each key may get a read, and a plain write or (two times in five) an add."""
+    return draw_transactions(draw, ids, kinds=5, add_kinds=2)
 
 
 @PROFILE
 @given(st.data())
 def test_interleaved_adds_and_retractions_match_batch(data: st.DataObject) -> None:
-    base = data.draw(st.none() | st.dictionaries(st.sampled_from(KEYS), st.integers(0, 3)))
+    base = data.draw(BASES)
     r = AdditiveResolver(base_table(base))
     rows: list[Row] = []
     adds: list[Add] = []
@@ -318,7 +317,7 @@ def test_interleaved_adds_and_retractions_match_batch(data: st.DataObject) -> No
 @given(st.data())
 def test_ids_arriving_in_any_order_and_chunking(data: st.DataObject) -> None:
     """The same transactions, added in a random order in random chunks (rows and adds apart), resolve the same."""
-    base = data.draw(st.none() | st.dictionaries(st.sampled_from(KEYS), st.integers(0, 3)))
+    base = data.draw(BASES)
     ids = data.draw(st.lists(st.integers(0, 30), unique=True, max_size=10))
     rows, adds = data.draw(transactions(ids))
     items: list[tuple[Row | None, Add | None]] = [(x, None) for x in rows] + [(None, x) for x in adds]

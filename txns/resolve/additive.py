@@ -103,8 +103,21 @@ ADDS_COLUMNS = ("id", "key", "delta")
 TWICE = "intents hold two reads or two writes of one key by one transaction, with different values"
 
 
-def _is_number(t: pa.DataType) -> bool:
+def is_number(t: pa.DataType) -> bool:
+    """Is ``t`` a type values and deltas may have (integer, floating, or null: all absent)?"""
     return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t))
+
+
+def check_adds(adds: pa.Table) -> pa.Table:
+    """``adds`` reduced to its columns ``id, key, delta``, one chunk each; ``ValueError`` if one lacks or has nulls."""
+    missing = [c for c in ADDS_COLUMNS if c not in adds.column_names]
+    if missing:
+        raise ValueError(f"adds lack column(s) {missing}; need {list(ADDS_COLUMNS)}")
+    a = adds.select(list(ADDS_COLUMNS)).combine_chunks()
+    for c in ADDS_COLUMNS:
+        if a[c].null_count:
+            raise ValueError(f"adds.{c} has nulls")
+    return a
 
 
 def _check(intents: pa.Table, adds: pa.Table | None, base: pa.Table | None) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -113,13 +126,7 @@ def _check(intents: pa.Table, adds: pa.Table | None, base: pa.Table | None) -> t
     id_type = t.schema.field("id").type
     if adds is None:
         adds = pa.table({"id": pa.array([], id_type), "key": pa.array([], key_type), "delta": pa.array([], pa.int64())})
-    missing = [c for c in ADDS_COLUMNS if c not in adds.column_names]
-    if missing:
-        raise ValueError(f"adds lack column(s) {missing}; need {list(ADDS_COLUMNS)}")
-    a = adds.select(list(ADDS_COLUMNS)).combine_chunks()
-    for c in ADDS_COLUMNS:
-        if a[c].null_count:
-            raise ValueError(f"adds.{c} has nulls")
+    a = check_adds(adds)
     a = a.set_column(0, "id", a["id"].cast(id_type)).set_column(1, "key", a["key"].cast(key_type))
     if base is None:
         base = pa.table({"key": pa.array([], key_type), "val": pa.array([], t.schema.field("val").type)})
@@ -127,7 +134,7 @@ def _check(intents: pa.Table, adds: pa.Table | None, base: pa.Table | None) -> t
     b = b.set_column(0, "key", b["key"].cast(key_type))
     for name, typ in (("intents.val", t.schema.field("val").type), ("adds.delta", a.schema.field("delta").type),
                       ("base.val", b.schema.field("val").type)):
-        if not _is_number(typ):
+        if not is_number(typ):
             raise ValueError(f"{name} must be numeric, not {typ}")
     return t, a, b
 

@@ -25,37 +25,29 @@ evaluated at most once per change, after everything below it is final. A new
 transaction whose id is above every other one has no readers above it: it costs
 one evaluation, proportional to the keys it touches (and the writers it scans
 past on them), independent of the history.
+
+The bookkeeping above (histories, outcome counts, the run in id order from the
+heap, the queueing downstream) is :mod:`txns.resolve._incremental_base`'s,
+shared with :mod:`txns.resolve.incremental_additive`; this module supplies how
+intent rows become transactions and how a transaction is evaluated.
 """
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left
 from collections.abc import Hashable
 from typing import Any
 
 import pyarrow as pa
 
+from txns.resolve._incremental_base import IncrementalBase, TxnState
 from txns.resolve.rule import COLUMNS, check, freeze
 
 Row = tuple[Any, bool, Any, Any]
 
 
-class _Txn:
-    __slots__ = ("final", "hist", "reads", "writes")
-
-    def __init__(self) -> None:
-        self.reads: dict[Hashable, tuple[Hashable, Any, Any]] = {}  # frozen key -> (frozen val, key, val)
-        self.writes: dict[Hashable, tuple[Hashable, Any, Any]] = {}
-        self.final: bool | None = None  # None: not evaluated yet
-        self.hist: tuple[bool, ...] = ()
-
-    def status(self, n: int) -> bool:
-        """Committed in fixpoint round ``n``?"""
-        if n < len(self.hist):
-            return self.hist[n]
-        assert self.final is not None
-        return self.final
+class _Txn(TxnState[tuple[Hashable, Any, Any]]):  # frozen key -> (frozen val, key, val)
+    __slots__ = ()
 
     def rows(self) -> list[Row]:
         return [(k, True, key, v) for k, (_, key, v) in self.reads.items()] + [
@@ -63,7 +55,7 @@ class _Txn:
         ]
 
 
-class Resolver:
+class Resolver(IncrementalBase[_Txn]):
     """Resolution of a changing set of intents, maintained incrementally.
 
     ``add`` and ``retract`` take Arrow tables ``intents(id, is_read, key, val)``
@@ -96,24 +88,12 @@ class Resolver:
     """
 
     def __init__(self) -> None:
-        self._txns: dict[Any, _Txn] = {}
-        self._writers: dict[Hashable, list[Any]] = {}
-        self._readers: dict[Hashable, list[Any]] = {}
-        self._committed: dict[Hashable, list[Any]] = {}
-        self._rolled: set[Any] = set()
-        self._depths: dict[int, int] = {}  # history length -> number of transactions
+        super().__init__()
         self._schema = pa.schema([("id", pa.int64()), ("is_read", pa.bool_()), ("key", pa.string()),
                                   ("val", pa.string())])
         self._typed = False
-        self._heap: list[Any] = []
-        self.evaluations = 0
 
     # ---- the answers
-
-    @property
-    def rollback(self) -> pa.Table:
-        """The transactions that roll back: one column ``id``, ascending."""
-        return pa.table({"id": pa.array(sorted(self._rolled), type=self._schema.field("id").type)})
 
     @property
     def store(self) -> pa.Table:
@@ -129,11 +109,6 @@ class Resolver:
             "key": pa.array(keys, type=self._schema.field("key").type),
             "val": pa.array(vals, type=self._schema.field("val").type),
         })
-
-    @property
-    def rounds(self) -> int:
-        """The rounds the fixpoint over the current intents takes (1 when nothing ever rolls back)."""
-        return 1 + max((d for d, c in self._depths.items() if c), default=0)
 
     # ---- changes
 
@@ -193,102 +168,22 @@ class Resolver:
             raise ValueError(f"intents of types {t.schema.types}, not {self._schema.types} as before")
         return list(zip(*(t[c].to_pylist() for c in COLUMNS), strict=True))
 
-    def _insert(self, i: Any, tx: _Txn) -> None:
-        self._txns[i] = tx
-        for k in tx.reads:
-            insort(self._readers.setdefault(k, []), i)
-        for k in tx.writes:
-            insort(self._writers.setdefault(k, []), i)
-        heapq.heappush(self._heap, i)
+    def _rollback_type(self) -> pa.DataType:
+        return self._schema.field("id").type
 
-    def _remove(self, i: Any) -> None:
-        tx = self._txns[i]
-        self._account(i, tx, None, ())
-        for k in tx.reads:
-            _discard(self._readers[k], i)
-        for k in tx.writes:
-            _discard(self._writers[k], i)
-        del self._txns[i]
-        self._downstream(i, tx.writes)
-
-    def _account(self, i: Any, tx: _Txn, final: bool | None, hist: tuple[bool, ...]) -> None:
-        """Move transaction ``i`` from its recorded outcome/history to (final, hist)."""
-        if tx.final is not None:
-            self._depths[len(tx.hist)] -= 1
-            if tx.final:
-                for k in tx.writes:
-                    _discard(self._committed[k], i)
-            else:
-                self._rolled.discard(i)
-        tx.final, tx.hist = final, hist
-        if final is not None:
-            self._depths[len(hist)] = self._depths.get(len(hist), 0) + 1
-            if final:
-                for k in tx.writes:
-                    insort(self._committed.setdefault(k, []), i)
-            else:
-                self._rolled.add(i)
-
-    def _downstream(self, i: Any, keys: dict[Hashable, Any]) -> None:
-        """Queue the readers whose scans can reach transaction ``i``'s writes to ``keys``."""
-        for k in keys:
-            readers = self._readers.get(k)
-            if not readers:
-                continue
+    def _round(self, i: Any, tx: _Txn, m: int) -> tuple[bool, bool]:
+        """(does every read of transaction ``i`` see its value in round m + 1, stable from then on)."""
+        ok, stable = True, True
+        for k, (v, _, _) in tx.reads.items():
             ws = self._writers.get(k, [])
-            hi = len(readers)
-            for j in range(bisect_right(ws, i), len(ws)):
+            red: Hashable = None
+            for j in range(bisect_left(ws, i) - 1, -1, -1):
                 w = self._txns[ws[j]]
-                if w.final and not w.hist:  # commits in every round: no scan passes it
-                    hi = bisect_right(readers, ws[j])
+                if len(w.hist) > m:
+                    stable = False
+                if w.status(m):
+                    red = w.writes[k][0]
                     break
-            for r in readers[bisect_right(readers, i) : hi]:
-                heapq.heappush(self._heap, r)
-
-    def _run(self) -> None:
-        last = None
-        while self._heap:
-            i = heapq.heappop(self._heap)
-            if i == last:
-                continue
-            last = i
-            tx = self._txns.get(i)
-            if tx is None:
-                continue
-            was = (tx.final, tx.hist)
-            final, hist = self._evaluate(i, tx)
-            if (final, hist) != was:
-                self._account(i, tx, final, hist)
-                self._downstream(i, tx.writes)
-
-    def _evaluate(self, i: Any, tx: _Txn) -> tuple[bool, tuple[bool, ...]]:
-        """(final outcome, history) of transaction ``i``, from those of the transactions below it."""
-        self.evaluations += 1
-        hist = [True]  # round 0: everything commits
-        n = 1
-        while True:
-            ok, stable = True, True
-            for k, (v, _, _) in tx.reads.items():
-                ws = self._writers.get(k, [])
-                red: Hashable = None
-                for j in range(bisect_left(ws, i) - 1, -1, -1):
-                    w = self._txns[ws[j]]
-                    if len(w.hist) > n - 1:
-                        stable = False
-                    if w.status(n - 1):
-                        red = w.writes[k][0]
-                        break
-                if red != v:
-                    ok = False
-            if stable:
-                while hist and hist[-1] == ok:
-                    hist.pop()
-                return ok, tuple(hist)
-            hist.append(ok)
-            n += 1
-
-
-def _discard(xs: list[Any], x: Any) -> None:
-    j = bisect_left(xs, x)
-    if j < len(xs) and xs[j] == x:
-        del xs[j]
+            if red != v:
+                ok = False
+        return ok, stable

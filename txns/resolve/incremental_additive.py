@@ -7,7 +7,10 @@ write to k below t (or base's; a delete is absent) plus the committed deltas to
 k between that write and t; absent with deltas counts from 0. The design is
 :mod:`txns.resolve.incremental`'s (per-transaction histories of tentative
 outcomes by fixpoint round, evaluation in id order from a heap, downstream
-re-evaluation); this docstring states what changes.
+re-evaluation), and that bookkeeping is shared with it in
+:mod:`txns.resolve._incremental_base` (here extended: ``_insert``, ``_remove``
+and ``_account`` also keep the adder indexes, and a transaction's adds count
+as writes downstream); this docstring states what changes.
 
 **State.** Per transaction: its reads, plain writes and adds; its final outcome;
 its *history*, the tentative outcomes in fixpoint rounds 0..d-1, where d is
@@ -132,30 +135,21 @@ differently in each, as it already can between the two batch functions.
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable
 from itertools import chain
 from typing import Any
 
 import pyarrow as pa
 
-from txns.resolve.rule import check, freeze
+from txns.resolve._incremental_base import IncrementalBase, TxnState
+from txns.resolve.additive import ADDS_COLUMNS, check_adds, is_number
+from txns.resolve.rule import COLUMNS, check, freeze
 
 Number = int | float
-ADDS_COLUMNS = ("id", "key", "delta")
 ReadOrWrite = tuple[Any, bool, Hashable, Any, Number | None]  # (id, is_read, frozen key, key, val)
 AddRow = tuple[Any, Hashable, Any, Number]  # (id, frozen key, key, delta)
-
-
-def _numeric(t: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t))
-
-
-def _discard(xs: list[Any], x: Any) -> None:
-    j = bisect_left(xs, x)
-    if j < len(xs) and xs[j] == x:
-        del xs[j]
+Types = tuple[pa.DataType | None, pa.DataType | None, bool]  # (id type, key type, values as float)
 
 
 class _Fenwick:
@@ -341,22 +335,16 @@ class _Adders:
                 self.deeper[m].range(lo, hi) == 0)
 
 
-class _Txn:
-    __slots__ = ("adds", "final", "hist", "reads", "writes")
+class _Txn(TxnState[tuple[Any, Number | None]]):  # reads: frozen key -> (key, val seen); writes: (key, val)
+    __slots__ = ("adds",)
 
     def __init__(self) -> None:
-        self.reads: dict[Hashable, tuple[Any, Number | None]] = {}  # frozen key -> (key, val seen)
-        self.writes: dict[Hashable, tuple[Any, Number | None]] = {}  # frozen key -> (key, val; None deletes)
+        super().__init__()
         self.adds: dict[Hashable, tuple[Any, Number]] = {}  # frozen key -> (key, delta)
-        self.final: bool | None = None  # None: not evaluated yet
-        self.hist: tuple[bool, ...] = ()
 
-    def status(self, n: int) -> bool:
-        """Committed in fixpoint round ``n``?"""
-        if n < len(self.hist):
-            return self.hist[n]
-        assert self.final is not None, "a transaction consulted before it was evaluated"
-        return self.final
+    def outputs(self) -> Iterable[Hashable]:
+        """The keys whose readers above this transaction can see it: its plain writes and adds."""
+        return chain(self.writes, self.adds)
 
     def unevaluated_copy(self) -> _Txn:
         """A copy of the rows, not evaluated."""
@@ -371,7 +359,7 @@ class _Txn:
         return not (self.reads or self.writes or self.adds)
 
 
-class AdditiveResolver:
+class AdditiveResolver(IncrementalBase[_Txn]):
     """Resolution of a changing set of intents and additive writes, maintained incrementally.
 
     ``add`` and ``retract`` take ``intents(id, is_read, key, val)`` and/or
@@ -426,33 +414,20 @@ class AdditiveResolver:
     """
 
     def __init__(self, base: pa.Table | None = None) -> None:
-        self._txns: dict[Any, _Txn] = {}
-        self._readers: dict[Hashable, list[Any]] = {}
-        self._writers: dict[Hashable, list[Any]] = {}  # plain writers
-        self._committed: dict[Hashable, list[Any]] = {}  # plain writers whose final outcome is commit
+        super().__init__()
         self._adders: dict[Hashable, _Adders] = {}
         self._base: dict[Hashable, Number | None] = {}
         self._key_of: dict[Hashable, Any] = {}  # frozen key -> key, for the store
-        self._rolled: set[Any] = set()
-        self._depths: dict[int, int] = {}  # history length -> number of transactions
-        self._heap: list[Any] = []
         self._id_type: pa.DataType | None = None
         self._key_type: pa.DataType | None = None
         self._base_key_type: pa.DataType = pa.string()
         self._as_float = False
-        self.evaluations = 0
         self.scan_steps = 0
         self.tree_queries = 0
         if base is not None:
             self._read_base(base)
 
     # ---- the answers
-
-    @property
-    def rollback(self) -> pa.Table:
-        """The transactions that roll back: one column ``id``, ascending."""
-        id_type = pa.int64() if self._id_type is None else self._id_type
-        return pa.table({"id": pa.array(sorted(self._rolled), type=id_type)})
 
     @property
     def store(self) -> pa.Table:
@@ -468,11 +443,6 @@ class AdditiveResolver:
             "key": pa.array(keys, type=self._base_key_type if self._key_type is None else self._key_type),
             "val": pa.array(vals, type=pa.float64() if self._as_float else pa.int64()),
         })
-
-    @property
-    def rounds(self) -> int:
-        """The rounds ``resolve_additive`` takes on the current input (1 when nothing ever rolls back)."""
-        return 1 + max((d for d, c in self._depths.items() if c), default=0)
 
     # ---- changes
 
@@ -555,7 +525,7 @@ class AdditiveResolver:
         b = base.select(["key", "val"]).combine_chunks()
         if b["key"].null_count:
             raise ValueError("base.key has nulls")
-        if not _numeric(b.schema.field("val").type):
+        if not is_number(b.schema.field("val").type):
             raise ValueError(f"base.val must be numeric, not {b.schema.field('val').type}")
         for key, val in zip(b["key"].to_pylist(), b["val"].to_pylist(), strict=True):
             fk = freeze(key)
@@ -568,163 +538,58 @@ class AdditiveResolver:
 
     def _read(
         self, intents: pa.Table | None, adds: pa.Table | None
-    ) -> tuple[list[ReadOrWrite], list[AddRow], tuple[pa.DataType | None, pa.DataType | None, bool]]:
+    ) -> tuple[list[ReadOrWrite], list[AddRow], Types]:
         """The rows of the tables, and the (id type, key type, as float) they leave; nothing changes yet."""
-        id_type, key_type, as_float = self._id_type, self._key_type, self._as_float
+        types = (self._id_type, self._key_type, self._as_float)
         rows: list[ReadOrWrite] = []
         add_rows: list[AddRow] = []
         if intents is not None:
-            t = check(intents)
-            val_type = t.schema.field("val").type
-            if not _numeric(val_type):
-                raise ValueError(f"intents.val must be numeric, not {val_type}")
-            if t.num_rows:
-                id_type = t.schema.field("id").type if id_type is None else id_type
-                key_type = t.schema.field("key").type if key_type is None else key_type
-                t = _cast(_cast(t, "intents", "id", id_type), "intents", "key", key_type)
-                as_float = as_float or pa.types.is_floating(val_type)
-                rows = [
-                    (i, r, freeze(k), k, v)
-                    for i, r, k, v in zip(*(t[c].to_pylist() for c in ("id", "is_read", "key", "val")), strict=True)
-                ]
+            t, types = _conform(check(intents), "intents", "val", types)
+            rows = [(i, r, freeze(k), k, v) for i, r, k, v in zip(*(t[c].to_pylist() for c in COLUMNS), strict=True)]
         if adds is not None:
-            missing = [c for c in ADDS_COLUMNS if c not in adds.column_names]
-            if missing:
-                raise ValueError(f"adds lack column(s) {missing}; need {list(ADDS_COLUMNS)}")
-            a = adds.select(list(ADDS_COLUMNS)).combine_chunks()
-            for c in ADDS_COLUMNS:
-                if a[c].null_count:
-                    raise ValueError(f"adds.{c} has nulls")
-            delta_type = a.schema.field("delta").type
-            if not _numeric(delta_type):
-                raise ValueError(f"adds.delta must be numeric, not {delta_type}")
-            if a.num_rows:
-                id_type = a.schema.field("id").type if id_type is None else id_type
-                key_type = a.schema.field("key").type if key_type is None else key_type
-                a = _cast(_cast(a, "adds", "id", id_type), "adds", "key", key_type)
-                as_float = as_float or pa.types.is_floating(delta_type)
-                add_rows = [
-                    (i, freeze(k), k, d) for i, k, d in zip(*(a[c].to_pylist() for c in ADDS_COLUMNS), strict=True)
-                ]
-        return rows, add_rows, (id_type, key_type, as_float)
+            a, types = _conform(check_adds(adds), "adds", "delta", types)
+            add_rows = [(i, freeze(k), k, d) for i, k, d in zip(*(a[c].to_pylist() for c in ADDS_COLUMNS), strict=True)]
+        return rows, add_rows, types
 
-    # ---- the index
+    # ---- the index (the adder indexes and the key names, beyond the base's)
 
     def _insert(self, i: Any, tx: _Txn) -> None:
-        self._txns[i] = tx
-        for fk, (key, _) in tx.reads.items():
-            insort(self._readers.setdefault(fk, []), i)
-            self._key_of.setdefault(fk, key)
-        for fk, (key, _) in tx.writes.items():
-            insort(self._writers.setdefault(fk, []), i)
-            self._key_of.setdefault(fk, key)
-        for fk, (key, delta) in tx.adds.items():
+        super()._insert(i, tx)
+        for fk, (_, delta) in tx.adds.items():
             adders = self._adders.get(fk)
             if adders is None:
                 adders = self._adders[fk] = _Adders()
             adders.insert(i, tx, delta)
+        for fk, (key, _) in chain(tx.reads.items(), tx.writes.items(), tx.adds.items()):
             self._key_of.setdefault(fk, key)
-        heapq.heappush(self._heap, i)
 
     def _remove(self, i: Any) -> None:
         tx = self._txns[i]
-        self._account(i, tx, None, ())
-        for fk in tx.reads:
-            _discard(self._readers[fk], i)
-        for fk in tx.writes:
-            _discard(self._writers[fk], i)
+        super()._remove(i)
         for fk in tx.adds:
             self._adders[fk].remove(i)
-        del self._txns[i]
-        self._downstream(i, tx)
 
     def _account(self, i: Any, tx: _Txn, final: bool | None, hist: tuple[bool, ...]) -> None:
-        """Move transaction ``i`` from its recorded outcome/history to (final, hist)."""
         was = (tx.final, tx.hist)
-        if tx.final is not None:
-            self._depths[len(tx.hist)] -= 1
-            if tx.final:
-                for fk in tx.writes:
-                    _discard(self._committed[fk], i)
-            else:
-                self._rolled.discard(i)
-        tx.final, tx.hist = final, hist
-        if final is not None:
-            self._depths[len(hist)] = self._depths.get(len(hist), 0) + 1
-            if final:
-                for fk in tx.writes:
-                    insort(self._committed.setdefault(fk, []), i)
-            else:
-                self._rolled.add(i)
+        super()._account(i, tx, final, hist)
         for fk in tx.adds:
             self._adders[fk].classify(i, was, (final, hist))
 
-    def _downstream(self, i: Any, tx: _Txn, queued: dict[Hashable, Any] | None = None) -> None:
-        """Queue the readers whose evaluations can consult transaction ``i`` (its writes and adds).
-
-        ``queued`` (during a run, whose evaluations go up in id order): per key, the
-        highest reader queued for it in this run. The readers of the key between
-        ``i`` and that one are still queued (queued above an earlier, lower
-        evaluation, not popped yet), so only those above it are pushed. Without
-        it, a counter's n adders would push its readers O(n) times each.
-        """
-        for fk in chain(tx.writes, tx.adds):
-            readers = self._readers.get(fk)
-            if not readers:
-                continue
-            ws = self._writers.get(fk, [])
-            hi = len(readers)
-            for j in range(bisect_right(ws, i), len(ws)):
-                w = self._txns[ws[j]]
-                if w.final and not w.hist:  # commits in every round: no scan passes it
-                    hi = bisect_right(readers, ws[j])
-                    break
-            lo = bisect_right(readers, i)
-            if queued is not None and fk in queued:
-                lo = max(lo, bisect_right(readers, queued[fk]))
-            for r in readers[lo:hi]:
-                heapq.heappush(self._heap, r)
-            if queued is not None and hi > lo:
-                queued[fk] = readers[hi - 1]
+    def _rollback_type(self) -> pa.DataType:
+        return pa.int64() if self._id_type is None else self._id_type
 
     # ---- evaluation
 
-    def _run(self) -> None:
-        queued: dict[Hashable, Any] = {}  # per key, the highest reader queued by this run's evaluations
-        last = None
-        while self._heap:
-            i = heapq.heappop(self._heap)
-            if i == last:
-                continue
-            last = i
-            tx = self._txns.get(i)
-            if tx is None:
-                continue
-            was = (tx.final, tx.hist)
-            final, hist = self._evaluate(i, tx)
-            if (final, hist) != was:
-                self._account(i, tx, final, hist)
-                self._downstream(i, tx, queued)
-
-    def _evaluate(self, i: Any, tx: _Txn) -> tuple[bool, tuple[bool, ...]]:
-        """(final outcome, history) of transaction ``i``, from those of the transactions below it."""
-        self.evaluations += 1
-        hist = [True]  # round 0: everything commits
-        n = 1
-        while True:
-            ok, stable = True, True
-            for fk, (_, seen) in tx.reads.items():
-                value, steady, steps = self._value(fk, i, n - 1)
-                self.scan_steps += steps
-                stable = stable and steady
-                if (value is None) != (seen is None) or (value is not None and value != seen):
-                    ok = False
-            if stable:
-                while hist and hist[-1] == ok:
-                    hist.pop()
-                return ok, tuple(hist)
-            hist.append(ok)
-            n += 1
+    def _round(self, i: Any, tx: _Txn, m: int) -> tuple[bool, bool]:
+        """(does every read of transaction ``i`` see its value in round m + 1, stable from then on)."""
+        ok, stable = True, True
+        for fk, (_, seen) in tx.reads.items():
+            value, steady, steps = self._value(fk, i, m)
+            self.scan_steps += steps
+            stable = stable and steady
+            if (value is None) != (seen is None) or (value is not None and value != seen):
+                ok = False
+        return ok, stable
 
     def _value(
         self, fk: Hashable, before: Any, m: int, committed_only: bool = False
@@ -770,6 +635,21 @@ class AdditiveResolver:
         if start is None:
             return (total if count else None), stable, steps
         return start + total, stable, steps
+
+
+def _conform(t: pa.Table, name: str, value: str, types: Types) -> tuple[pa.Table, Types]:
+    """``t`` (its columns checked) with ``value`` checked numeric and ``id``, ``key`` cast to the types the resolver
+    holds (``t``'s own where it holds none yet, if ``t`` has rows), and the types it leaves; else ``ValueError``."""
+    value_type = t.schema.field(value).type
+    if not is_number(value_type):
+        raise ValueError(f"{name}.{value} must be numeric, not {value_type}")
+    if not t.num_rows:
+        return t, types
+    id_type, key_type, as_float = types
+    id_type = t.schema.field("id").type if id_type is None else id_type
+    key_type = t.schema.field("key").type if key_type is None else key_type
+    t = _cast(_cast(t, name, "id", id_type), name, "key", key_type)
+    return t, (id_type, key_type, as_float or pa.types.is_floating(value_type))
 
 
 def _cast(t: pa.Table, name: str, column: str, typ: pa.DataType | None) -> pa.Table:
