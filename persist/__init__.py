@@ -30,6 +30,7 @@ the URL registry), and ``persist.testing`` (test support). Everything under
 from persist._internal.codec import crc32c, frame, unframe
 from persist._internal.retry import backoff, retry_storage
 from persist._internal.state import HollowBatch, ShardState
+from persist._internal.threads import ThreadPool
 from persist.batch import Batch, BatchBuilder
 from persist.client import PersistClient
 from persist.config import PersistConfig
@@ -84,6 +85,7 @@ __all__ = [
     "SinceHandle",
     "SnapshotPlan",
     "TS_MAX",
+    "ThreadPool",
     "Updates",
     "UpperMismatch",
     "WriteHandle",

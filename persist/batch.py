@@ -12,7 +12,6 @@ any size.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -21,11 +20,13 @@ from typing import Any
 import pyarrow as pa
 
 from persist._internal.codec import KIND_BATCH, frame, unframe
+from persist._internal.ids import random_hex
 from persist._internal.parts import (
     SMALL_TABLE_ROWS,
     PartRef,
     Run,
     encode_inline,
+    exact_key_type,
     part_key,
     runs_rows,
     runs_size,
@@ -157,7 +158,7 @@ class BatchBuilder:
         self.blob, self.shard_id, self.schema = blob, shard_id, schema
         self.lower, self.upper, self.config = lower, upper, config
         self.inline_max_bytes = config.inline_max_bytes if inline_max_bytes is None else inline_max_bytes
-        self.id = uuid.uuid4().hex  # the batch's id, the same on every finish attempt
+        self.id = random_hex()  # the batch's id, the same on every finish attempt
         self._rows: list[Any] = []
         self._tables: list[pa.Table] = []
         self._buffered = 0
@@ -294,6 +295,10 @@ class BatchBuilder:
         """
         if self._result is not None:
             return self._result
+        if not self._slots and not self._tables and 0 < len(self._rows) <= SMALL_TABLE_ROWS:
+            small = self._finish_small()
+            if small is not None:
+                return small
         self._take_rows()
         if not self._slots and self._tables:
             table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
@@ -313,6 +318,33 @@ class BatchBuilder:
         refs = tuple(s.ref for s in self._slots if s.ref is not None)
         return self._done((Run(parts=refs, rows=sum(r.rows for r in refs)),) if refs else ())
 
+    def _finish_small(self) -> Batch | None:
+        """The batch of a few buffered rows, inline, sorted in Python (None: not this way).
+
+        The same batch as the general path (rows sorted by key, val and time,
+        inline), without the Arrow calls whose start-up costs more than a few
+        rows take (concatenating, sorting): only for schemas whose key and
+        val types order alike in Python and Arrow (integers, strings, binary,
+        booleans; a null compared with a value raises TypeError, so nulls
+        take the general path), and only when the encoding fits inline.
+        """
+        rows = self._rows
+        if len(rows) > 1:
+            if not _sorts_in_python(self.schema):
+                return None
+            try:
+                rows = sorted(rows, key=_update_order)
+            except (TypeError, ValueError, IndexError):
+                return None  # (a malformed or null-holding update: the general path checks and sorts it)
+        table = rows_to_table(self.schema, rows)
+        self._check_times(table)
+        inline = encode_inline(table)  # (a few rows: encoded before their size is known, which costs as much)
+        if len(inline) > self.inline_max_bytes:
+            return None
+        self._rows = []
+        self._count += table.num_rows
+        return self._done((Run(inline=inline, rows=table.num_rows),))
+
     def _done(self, runs: tuple[Run, ...]) -> Batch:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -320,6 +352,21 @@ class BatchBuilder:
         self._slots = []
         self._result = Batch(self.shard_id, self.id, self.lower, self.upper, runs, self.schema.to_text())
         return self._result
+
+
+def _update_order(update: Any) -> tuple[Any, ...]:
+    """An update's place in a part: by key, val, then time (:func:`persist._internal.parts.sort_updates`)."""
+    (key, val), ts, _diff = update
+    return (key, val, ts)
+
+
+def _sorts_in_python(schema: Schema) -> bool:
+    """Whether Python orders the schema's key and val values as Arrow's sort does (cached on the schema)."""
+    cached = schema.__dict__.get("_sorts_in_python")
+    if cached is None:
+        cached = all(exact_key_type(f.type) for f in (*schema.key, *schema.val))
+        object.__setattr__(schema, "_sorts_in_python", cached)  # (immutable: as its text)
+    return bool(cached)
 
 
 __all__ = ["Batch", "BatchBuilder", "CLOSED"]

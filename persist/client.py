@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any
 
 from persist._internal.holds import PartHold, hold
+from persist._internal.ids import random_hex
 from persist._internal.machine import Machine
 from persist._internal.parts import part_written_ms
 from persist._internal.retry import retry_storage
@@ -41,6 +41,8 @@ class PersistClient:
         self.config = config or PersistConfig()
         self._machines: dict[str, Machine] = {}
         self._lock = threading.Lock()
+        # Schemas this client was given, by their text: shard_schema returns them without decoding.
+        self._schemas_by_text: dict[str, Schema] = {}
 
     @staticmethod
     def open(url: str, config: PersistConfig | None = None) -> PersistClient:
@@ -65,6 +67,16 @@ class PersistClient:
                 self._machines[sid] = Machine(self.consensus, sid, self.config)
             return self._machines[sid]
 
+    def assume_new(self, shard_id: ShardId | str) -> None:
+        """Take ``shard_id`` as a shard without any state, without reading it.
+
+        Only for an id this process just made (``ShardId.new()``) and has not
+        handed to anyone yet: nothing can have written it. Its first
+        conditional write creates it (one that finds a state after all reads
+        it and runs again, as always). A no-op once this client knows the shard.
+        """
+        self._machine(shard_id).assume_new()
+
     def shard(self, shard_id: ShardId | str) -> ShardView:
         """Read-only access to a shard's metadata (its since, upper and batches), followed by this client."""
         return ShardView(self.blob, self._machine(shard_id), self.config)
@@ -77,6 +89,7 @@ class PersistClient:
         _check_schema(schema)
         m = self._machine(shard_id)
         _check_against(m.state(), schema)
+        self._know(schema, schema.to_text())
         return WriteHandle(self.blob, m, schema, self.config, inline_max_bytes)
 
     def register_schema(self, shard_id: ShardId | str, schema: Schema) -> None:
@@ -88,12 +101,25 @@ class PersistClient:
             return None, s.register_schema(text, schema.describe())
 
         self._machine(shard_id).apply(transition)
+        self._know(schema, text)
+
+    def _know(self, schema: Schema, text: str) -> None:
+        known = self._schemas_by_text
+        if len(known) >= _KNOWN_SCHEMAS_MAX:
+            known.clear()
+        known[text] = schema
 
     def shard_schema(self, shard_id: ShardId | str) -> Schema | None:
         """The shard's registered schema, or None if it has none yet."""
         m = self._machine(shard_id)
         text = m.state().schema or m.fetch().schema
-        return Schema.from_text(text) if text else None
+        if not text:
+            return None
+        schema = self._schemas_by_text.get(text)  # (one this client holds with this text: the same schema)
+        if schema is None:
+            schema = Schema.from_text(text)
+            self._know(schema, text)
+        return schema
 
     def open_leased_reader(
         self, shard_id: ShardId | str, schema: Schema, *, critical_reader: str | None = None, init_upper: int = 0
@@ -113,7 +139,7 @@ class PersistClient:
             raise InvalidUsage(f"critical reader id must be a non-empty string, got {critical_reader!r}")
         check_upper(init_upper, "init_upper")
         m = self._machine(shard_id)
-        reader_id = "r" + uuid.uuid4().hex
+        reader_id = "r" + random_hex()
         lease_ms = int(self.config.reader_lease_s * 1000)
         text = schema.to_text()
 
@@ -123,7 +149,7 @@ class PersistClient:
             if critical_reader is not None:
                 s.register_critical_reader(critical_reader, 0)
             if init_upper > 0 and s.upper == 0:
-                writer = "w" + uuid.uuid4().hex
+                writer = "w" + random_hex()
                 s.append(writer, writer, (), 0, init_upper, now, int(self.config.writer_lease_s * 1000))
             return s.add_leased_reader(reader_id, now, lease_ms), True
 
@@ -230,6 +256,10 @@ class PersistClient:
                 self.blob.delete(key)
                 deleted += 1
         return deleted
+
+
+_KNOWN_SCHEMAS_MAX = 1024
+"""How many schemas (by text) a client keeps for :meth:`PersistClient.shard_schema`."""
 
 
 def _shard_id(shard_id: ShardId | str) -> ShardId:

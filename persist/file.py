@@ -14,11 +14,19 @@ Invariants:
 
 - No reader ever sees a partial file. A blob ``set`` writes a temp file in
   the target's directory, fsyncs it, ``os.replace``\\s it over the target and
-  fsyncs the directory. A consensus version is written in full to a temp file,
-  fsynced, then published with ``os.link`` (create-if-absent, atomic), and the
-  directory is fsynced.
+  fsyncs the directory. A consensus version is written in full to an unnamed
+  file in the key's directory (``O_TMPFILE``; where the system or file
+  system refuses that, a temp file), fsynced, then published with a link
+  (``linkat`` through /proc/self/fd, or ``os.link``: create-if-absent,
+  atomic), and the directory is fsynced.
+- Nothing is published in a directory whose own entry may not be durable: a
+  new key's directory (and a new location's ``blob`` and ``consensus``
+  directories, made by :func:`open_file`) are fsynced before the first write
+  in them publishes anything. Those directory fsyncs run on other threads at
+  the same time as the new version's content is written and fsynced.
 - Temp files are named ``.tmp-<random>`` and are never returned by any read
-  or listing. A crash may leave some behind; they are garbage, nothing more.
+  or listing. A crash may leave some behind; they are garbage, nothing more
+  (an unnamed file leaves nothing).
 - A consensus version file is never modified once linked; the highest one
   (the head) is never deleted, so a reader that listed it can always read it
   unless a newer version was written and a truncate raced past it (readers
@@ -39,13 +47,17 @@ failed in an unknown way, or the final directory fsync failed) raises
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
-import uuid
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from persist._internal.ids import random_hex
+from persist._internal.threads import ThreadPool
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 from persist.location import Blob, CaSResult, Consensus, VersionedData, next_seqno
 
@@ -77,30 +89,97 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _mkdirs(path: Path, touched: list[Path]) -> None:
+    """Create ``path`` and its missing parents, noting in ``touched`` each parent that gained an entry.
+
+    Tries ``mkdir`` first (one system call when only ``path`` is missing or
+    it exists), walking up only when a parent is missing.
+    """
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not path.is_dir():
+            raise NotADirectoryError(f"not a directory: {str(path)!r}") from None
+        return
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        _mkdirs(path.parent, touched)
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # (a racing creator)
+            if not path.is_dir():
+                raise NotADirectoryError(f"not a directory: {str(path)!r}") from None
+            return
+    if path.parent not in touched:
+        touched.append(path.parent)
+
+
 def _makedirs_durable(*paths: Path) -> None:
     """Create each of ``paths`` and its missing parents; then fsync each parent that gained an entry, once."""
     touched: list[Path] = []
     for path in paths:
-        missing: list[Path] = []
-        p = path
-        while not p.exists():
-            missing.append(p)
-            if p.parent == p:
-                break
-            p = p.parent
-        for d in reversed(missing):
-            try:
-                d.mkdir()
-            except FileExistsError:
-                if not d.is_dir():
-                    raise
-                continue
-            if d.parent not in touched:
-                touched.append(d.parent)
-        if not path.is_dir():
-            raise NotADirectoryError(f"not a directory: {str(path)!r}")
+        _mkdirs(path, touched)
     for parent in touched:
         fsync_dir(parent)
+
+
+# Directory fsyncs that run alongside the calling thread's own sync (see FileConsensus):
+# a few threads of their own (each fsync starts at once), made again in a forked child.
+_SYNC_THREADS = 4
+_sync_lock = threading.Lock()
+_sync_pool: ThreadPool | None = None
+_sync_pid: int | None = None
+
+
+def _fsync_dir_soon(path: Path) -> Future[None]:
+    """``fsync_dir(path)``, started on another thread (at once, inline, once the interpreter is exiting)."""
+    global _sync_pool, _sync_pid
+    with _sync_lock:
+        if _sync_pool is None or _sync_pid != os.getpid():
+            _sync_pool = ThreadPool(_SYNC_THREADS, "persist-fsync")
+            _sync_pid = os.getpid()
+        pool = _sync_pool
+    try:
+        return pool.submit(fsync_dir, path)
+    except RuntimeError:  # (shutting down: no new threads)
+        done: Future[None] = Future()
+        try:
+            fsync_dir(path)
+            done.set_result(None)
+        except OSError as e:
+            done.set_exception(e)
+        return done
+
+
+class _PendingSync:
+    """A new location's directories that gained entries (``blob``, ``consensus``): made durable once,
+    alongside the first write that publishes anything in the location, and before it does."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self._dirs = dirs
+        self._lock = threading.Lock()
+        self._futures: list[Future[None]] = []
+        self._done = not dirs
+
+    def start(self) -> list[Future[None]]:
+        """The syncs to wait for before publishing (none once they succeeded); started if not yet."""
+        if self._done:
+            return []
+        with self._lock:
+            if self._done:
+                return []
+            if not self._futures or any(f.done() and f.exception() is not None for f in self._futures):
+                self._futures = [_fsync_dir_soon(d) for d in self._dirs]  # (again after a failure)
+            return list(self._futures)
+
+    def settled(self, futures: list[Future[None]]) -> None:
+        """Note that ``futures`` (from :meth:`start`) succeeded."""
+        if futures and all(f.done() and f.exception() is None for f in futures):
+            self._done = True
+
+
+_SYNCED = _PendingSync([])
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -108,14 +187,100 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink()
 
 
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+
+
+# A new version is written as an unnamed file (``O_TMPFILE``) and named with ``linkat`` through
+# /proc/self/fd: no temp name is made and removed in the key's directory. Where the system or the
+# file system refuses either step, a named temp file as before (from the first refusal on).
+_UNNAMED_REFUSED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT, errno.EXDEV, errno.EPERM})
+_unnamed_ok = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+
+
+class _Staged:
+    """A new version's content, written and fsynced in its directory under no name (or a temp name).
+
+    :meth:`publish` names it (atomic create-if-absent), :meth:`sync_directory`
+    makes the name durable, :meth:`discard` drops whatever is left.
+    """
+
+    def __init__(self, directory: Path, data: bytes) -> None:
+        global _unnamed_ok
+        self._dir, self._data = directory, data
+        self._fd = -1  # the unnamed file
+        self._dfd = -1  # its directory
+        self._tmp: Path | None = None
+        try:
+            if _unnamed_ok:
+                self._dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+                try:
+                    self._fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | _O_CLOEXEC, 0o666, dir_fd=self._dfd)
+                except OSError as e:
+                    if e.errno not in _UNNAMED_REFUSED:
+                        raise
+                    _unnamed_ok = False
+                else:
+                    _write_all(self._fd, data)
+                    os.fsync(self._fd)
+                    return
+            self._tmp = _write_temp(directory, data)
+        except BaseException:
+            self.discard()
+            raise
+
+    def publish(self, target: Path) -> None:
+        """Name it ``target`` (in its directory), atomically; FileExistsError if that name exists."""
+        global _unnamed_ok
+        if self._tmp is None:
+            try:
+                # (dir fds given: Python calls linkat, which follows the /proc link to the open file)
+                os.link(f"/proc/self/fd/{self._fd}", target.name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+                return
+            except FileExistsError:
+                raise
+            except OSError as e:
+                if e.errno not in _UNNAMED_REFUSED:
+                    raise
+                _unnamed_ok = False  # (no name was made: linkat is all or nothing)
+                self._tmp = _write_temp(self._dir, self._data)
+        os.link(self._tmp, target)
+
+    def sync_directory(self) -> None:
+        """Make the directory's entries (the new name) durable."""
+        if self._dfd >= 0:
+            os.fsync(self._dfd)
+        else:
+            fsync_dir(self._dir)
+
+    def discard(self) -> None:
+        """Drop what is left: the temp name, the open files (idempotent; a published version stays)."""
+        if self._tmp is not None:
+            _unlink_quietly(self._tmp)
+            self._tmp = None
+        for fd in (self._fd, self._dfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._dfd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _write_temp(directory: Path, data: bytes) -> Path:
     """Write ``data`` to a fresh fsynced temp file in ``directory``."""
-    tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+    tmp = directory / f"{_TMP_PREFIX}{random_hex()}"
     try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        fd = os.open(tmp, _O_TMP, 0o666)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         _unlink_quietly(tmp)
         raise
@@ -127,8 +292,11 @@ class FileBlob(Blob):
 
     keys_nest = False  # "a" is a file or a directory, not both
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, _made: _PendingSync | None = None) -> None:
         self._root = Path(root) / "blob"
+        self._pending = _made or _SYNCED
+        if _made is not None:  # (open_file made it)
+            return
         try:
             _makedirs_durable(self._root)
         except OSError as e:
@@ -156,8 +324,17 @@ class FileBlob(Blob):
 
     def set(self, key: str, value: bytes) -> None:
         path = self._path(key)
+        pending = self._pending.start()  # (a new location's directories: durable before the rename)
         try:
-            _makedirs_durable(path.parent)
+            self._set(key, value, path, pending)
+        finally:
+            for f in pending:
+                f.exception()  # (waited for: nothing of this call runs after it returns)
+
+    def _set(self, key: str, value: bytes, path: Path, pending: list[Future[None]]) -> None:
+        try:
+            if not path.parent.is_dir():  # (one stat when it is there, as it mostly is)
+                _makedirs_durable(path.parent)
         except (FileExistsError, NotADirectoryError) as e:
             raise InvalidUsage(
                 f"cannot set blob {key!r}: a parent of {str(path)!r} is a file; the file "
@@ -173,6 +350,13 @@ class FileBlob(Blob):
             raise Determinate(
                 f"file blob set {key!r}: writing a temp file in {str(path.parent)!r} failed: {e}"
             ) from e
+        try:
+            for f in pending:
+                f.result()
+        except OSError as e:
+            _unlink_quietly(tmp)
+            raise Determinate(f"file blob set {key!r}: fsync of the location's directories failed: {e}") from e
+        self._pending.settled(pending)
         try:
             os.replace(tmp, path)
         except IsADirectoryError as e:
@@ -259,8 +443,11 @@ class FileConsensus(Consensus):
 
     lists_keys = True
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, _made: _PendingSync | None = None) -> None:
         self._root = Path(root) / "consensus"
+        self._pending = _made or _SYNCED
+        if _made is not None:  # (open_file made it)
+            return
         try:
             _makedirs_durable(self._root)
         except OSError as e:
@@ -307,11 +494,51 @@ class FileConsensus(Consensus):
         )
 
     def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:
+        return self._compare_and_set(key, expected, data, None)
+
+    def compare_and_set_after(
+        self, key: str, expected: int | None, data: bytes, ready: Callable[[], None]
+    ) -> CaSResult:
+        # The temp file is written and synced first; ``ready`` runs before the link publishes it.
+        return self._compare_and_set(key, expected, data, ready)
+
+    def _compare_and_set(
+        self, key: str, expected: int | None, data: bytes, ready: Callable[[], None] | None
+    ) -> CaSResult:
         d = self._dir(key)
         target = self._version_path(d, next_seqno(expected))
+        pending = self._pending.start()  # (a new location's directories)
+        syncs: list[Future[None]] = list(pending)  # directories' new entries, made durable meanwhile
         try:
-            _makedirs_durable(d)
-            seqnos = self._seqnos(d)
+            result = self._publish(key, expected, data, ready, d, target, syncs)
+            self._pending.settled(pending)
+            return result
+        finally:
+            for f in syncs:
+                f.exception()  # (waited for: nothing of this call runs after it returns)
+
+    def _publish(
+        self,
+        key: str,
+        expected: int | None,
+        data: bytes,
+        ready: Callable[[], None] | None,
+        d: Path,
+        target: Path,
+        syncs: list[Future[None]],
+    ) -> CaSResult:
+        try:
+            if expected is None:
+                # A new key: its directory is made here, and is empty when this call made it
+                # (else listed). Its entry is made durable alongside the temp file's sync below.
+                touched: list[Path] = []
+                _mkdirs(d, touched)
+                seqnos = [] if d.parent in touched else self._seqnos(d)
+                if not seqnos and d.parent not in touched:
+                    touched.append(d.parent)  # (made by a call that failed, or is racing us: durable first)
+                syncs.extend(_fsync_dir_soon(parent) for parent in touched)
+            else:
+                seqnos = self._seqnos(d)  # (a missing directory: no versions, a mismatch below)
         except OSError as e:
             raise Determinate(
                 f"file consensus compare_and_set {key!r} ({str(d)!r}) failed: {e}"
@@ -321,29 +548,45 @@ class FileConsensus(Consensus):
         if (seqnos[-1] if seqnos else None) != expected:
             return CaSResult.MISMATCH
         try:
-            tmp = _write_temp(d, data)
+            staged = _Staged(d, data)
         except OSError as e:
             raise Determinate(
-                f"file consensus compare_and_set {key!r}: writing a temp file in {str(d)!r} "
+                f"file consensus compare_and_set {key!r}: writing the new version in {str(d)!r} "
                 f"failed: {e}"
             ) from e
         try:
-            os.link(tmp, target)
-        except FileExistsError:
-            return CaSResult.MISMATCH
-        except OSError as e:
-            raise Indeterminate(
-                f"file consensus compare_and_set {key!r}: linking {str(target)!r} failed: {e}"
-            ) from e
+            try:
+                for f in syncs:
+                    f.result()  # (the new directory's entry is durable before the version is published)
+            except OSError as e:
+                raise Determinate(f"file consensus compare_and_set {key!r} ({str(d)!r}) failed: {e}") from e
+            if ready is not None:
+                ready()
+                # Listed again: the check above stays exact however long ``ready`` took
+                # (see the SUBTLE note on Consensus about truncation).
+                try:
+                    seqnos = self._seqnos(d)
+                except OSError as e:
+                    raise Determinate(f"file consensus compare_and_set {key!r} ({str(d)!r}) failed: {e}") from e
+                if (seqnos[-1] if seqnos else None) != expected:
+                    return CaSResult.MISMATCH
+            try:
+                staged.publish(target)
+            except FileExistsError:
+                return CaSResult.MISMATCH
+            except OSError as e:
+                raise Indeterminate(
+                    f"file consensus compare_and_set {key!r}: linking {str(target)!r} failed: {e}"
+                ) from e
+            try:
+                staged.sync_directory()
+            except OSError as e:
+                raise Indeterminate(
+                    f"file consensus compare_and_set {key!r}: fsync of {str(d)!r} failed: {e}"
+                ) from e
+            return CaSResult.COMMITTED
         finally:
-            _unlink_quietly(tmp)
-        try:
-            fsync_dir(d)
-        except OSError as e:
-            raise Indeterminate(
-                f"file consensus compare_and_set {key!r}: fsync of {str(d)!r} failed: {e}"
-            ) from e
-        return CaSResult.COMMITTED
+            staged.discard()
 
     def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
         if limit <= 0:
@@ -414,8 +657,12 @@ class FileConsensus(Consensus):
 def open_file(path: Path | str) -> tuple[FileBlob, FileConsensus]:
     """Blob and consensus backends rooted at the directory ``path`` (created if missing)."""
     root = Path(path)
+    touched: list[Path] = []
     try:
-        _makedirs_durable(root / "blob", root / "consensus")  # (a new location: two fsyncs, not three)
+        _mkdirs(root / "blob", touched)
+        _mkdirs(root / "consensus", touched)
     except OSError as e:
         raise Determinate(f"cannot create the store's directories under {str(root)!r}: {e}") from e
-    return FileBlob(root), FileConsensus(root)
+    # (the new entries are made durable by the first write, alongside its own syncs, before it publishes)
+    pending = _PendingSync(touched)
+    return FileBlob(root, _made=pending), FileConsensus(root, _made=pending)

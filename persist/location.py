@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 
@@ -144,6 +144,21 @@ class Consensus(ABC):
     @abstractmethod
     def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:
         """Write version ``expected + 1`` iff the latest version is ``expected``."""
+
+    def compare_and_set_after(
+        self, key: str, expected: int | None, data: bytes, ready: Callable[[], None]
+    ) -> CaSResult:
+        """``compare_and_set``, once ``ready()`` (the write's prerequisite) has returned.
+
+        ``ready`` is called at most once, before the new version can be
+        seen; if it raises, nothing is written and its exception propagates.
+        A backend may prepare the write first (the file store writes and
+        syncs the new version's temp file, so that its sync and whatever
+        ``ready`` waits for overlap), and may return a MISMATCH it finds
+        before calling ``ready``; the default calls ``ready`` first.
+        """
+        ready()
+        return self.compare_and_set(key, expected, data)
 
     @abstractmethod
     def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:

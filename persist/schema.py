@@ -12,12 +12,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
 
+from persist._internal.ids import random_hex
 from persist.errors import InvalidUsage, SchemaMismatch
 
 TS_MAX = 2**64 - 1
@@ -42,7 +42,7 @@ class ShardId:
 
     @staticmethod
     def new() -> ShardId:
-        return ShardId("s" + uuid.uuid4().hex)
+        return ShardId("s" + random_hex())
 
     @staticmethod
     def parse(text: str) -> ShardId:
@@ -123,9 +123,13 @@ class Schema:
         return hash(self.to_text())
 
     def describe(self) -> str:
-        key = ", ".join(f"{f.name}: {f.type}" for f in self.key)
-        val = ", ".join(f"{f.name}: {f.type}" for f in self.val)
-        return f"key({key}) val({val})"
+        cached = self.__dict__.get("_describe")
+        if cached is None:
+            key = ", ".join(f"{f.name}: {f.type}" for f in self.key)
+            val = ", ".join(f"{f.name}: {f.type}" for f in self.val)
+            cached = f"key({key}) val({val})"
+            object.__setattr__(self, "_describe", cached)
+        return cast(str, cached)
 
 
 def schema_fingerprint(schema_text: str) -> str:

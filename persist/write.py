@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from persist._internal.holds import gc_horizon
+from persist._internal.ids import random_hex
 from persist._internal.machine import Machine
 from persist._internal.merge import apply_merged, merge_batches
 from persist._internal.parts import MissingPart, Run
@@ -65,8 +65,17 @@ class WriteHandle:
         #: run :meth:`maintain` after each non-empty append (else the owner calls it)
         self.auto_maintain = True
         self.shard_id = machine.shard_id
-        self.writer_id = "w" + uuid.uuid4().hex
         self.schema_text = schema.to_text()
+        #: whether this handle's latest :meth:`compare_and_append` appended its updates (see there)
+        self.appended = False
+
+    @property
+    def writer_id(self) -> str:
+        """This handle's id as a writer of the shard (its idempotency record), made at its first use."""
+        wid = self.__dict__.get("_writer_id")
+        if wid is None:
+            wid = self.__dict__.setdefault("_writer_id", "w" + random_hex())  # (atomic: one id, even if raced)
+        return cast(str, wid)
 
     @property
     def upper(self) -> int:
@@ -107,24 +116,38 @@ class WriteHandle:
         :class:`UpperMismatch` (with ``.current``) if the upper differs;
         nothing is appended then. ``token``: see :meth:`compare_and_append_batch`.
         ``before_write``: the caller's prerequisite, called once the batch is
-        built, right before the conditional write; if it raises, nothing is
-        appended (and the batch's parts are deleted).
+        built, right before the conditional write (the backend may prepare
+        the write meanwhile: the file store writes and syncs the new state's
+        temp file first); not called when the upper differs; if it raises,
+        nothing is appended (and the batch's parts are deleted).
+
+        Afterwards :attr:`appended` tells whether this call appended
+        ``updates`` (False: the token showed an earlier call's append, whose
+        batch is the one in the state).
         """
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
         if new_upper <= expected_upper:
             raise InvalidUsage(f"new_upper {new_upper} must be greater than expected_upper {expected_upper}")
+        self.appended = False
         batch = self.batch(updates, expected_upper, new_upper)
-        try:
-            if before_write is not None:
+        failed: list[BaseException] = []
+
+        def ready() -> None:
+            assert before_write is not None
+            try:
                 before_write()
-        except BaseException:
-            _delete_quietly(self.blob, [p.key for p in batch.parts])  # never appended
-            raise
+            except BaseException as e:
+                failed.append(e)
+                raise
+
         try:
-            appended = self._append_batches([batch], expected_upper, new_upper, token)
-        except UpperMismatch:
-            _delete_quietly(self.blob, [p.key for p in batch.parts])  # never appended
+            appended = self._append_batches(
+                [batch], expected_upper, new_upper, token, ready if before_write is not None else None
+            )
+        except BaseException as e:
+            if isinstance(e, UpperMismatch) or failed:
+                _delete_quietly(self.blob, [p.key for p in batch.parts])  # never appended
             raise
         if not appended:
             # A retry recognised by its token: an earlier call's batch is the one
@@ -135,6 +158,7 @@ class WriteHandle:
             state = self._machine.state()
             live = state.part_keys() | {k for k, _ in state.garbage}
             _delete_quietly(self.blob, [p.key for p in batch.parts if p.key not in live])
+        self.appended = appended
 
     def compare_and_append_batch(
         self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None = None
@@ -150,8 +174,18 @@ class WriteHandle:
         """
         self._append_batches(batches, expected_upper, new_upper, token)
 
-    def _append_batches(self, batches: Sequence[Batch], expected_upper: int, new_upper: int, token: str | None) -> bool:
-        """compare_and_append_batch; False if the append had already happened (token seen)."""
+    def _append_batches(
+        self,
+        batches: Sequence[Batch],
+        expected_upper: int,
+        new_upper: int,
+        token: str | None,
+        ready: Callable[[], None] | None = None,
+    ) -> bool:
+        """compare_and_append_batch; False if the append had already happened (token seen).
+
+        ``ready``: the write's prerequisite (see :meth:`Machine.apply`).
+        """
         check_ts(expected_upper, "expected_upper")
         check_upper(new_upper, "new_upper")
         if new_upper <= expected_upper:
@@ -178,7 +212,7 @@ class WriteHandle:
                 return False, changed
             return True, True
 
-        appended = self._machine.apply(transition)
+        appended = self._machine.apply(transition, ready)
         if runs and self.auto_maintain:
             self.maintain()
         return appended
@@ -255,7 +289,7 @@ class WriteHandle:
         applied; False if another compaction replaced an input first (then
         the parts of ``runs`` are deleted and nothing changes).
         """
-        merged = HollowBatch(uuid.uuid4().hex, inputs[0].lower, inputs[-1].upper, since, runs)
+        merged = HollowBatch(random_hex(), inputs[0].lower, inputs[-1].upper, since, runs)
         with operation("compact"):
             return apply_merged(self.blob, self._machine, inputs, merged, self.config)
 

@@ -124,7 +124,10 @@ class TxnsCache:
         # compact_to would pass unapplied writes (lost writes). A failure
         # keeps the old, lapsed reader, so the next use restarts.
         try:
-            snapshot = reader.snapshot_and_fetch(reader.since) if state.upper > reader.since else None
+            snapshot = None
+            if state.upper > reader.since:
+                # (a shard whose batches hold no rows, as a new one: its snapshot is empty, without a read)
+                snapshot = reader.snapshot_and_fetch(reader.since) if any(b.rows for b in state.batches) else []
         except BaseException:
             with contextlib.suppress(Exception):
                 reader.expire()
@@ -235,6 +238,36 @@ class TxnsCache:
             return current
 
         state = self.shard.replan_from(state, read)
+        self._trim(state.since)
+
+    def absorb_appended(self, updates: list[Any], lower: int, upper: int) -> None:
+        """Catch up with ``updates``, which this process just appended over ``[lower, upper)``.
+
+        The same as :meth:`sync_cached` (which reads the appended batch back
+        and decodes it), without the decoding: when the frontier was
+        ``lower`` and the state this process holds ends at ``upper``, the
+        batch past the frontier holds exactly ``updates`` (a state that moved
+        on since, or anything unusual, is absorbed as usual).
+        """
+        state = self.shard.state()
+        if (
+            self.frontier != lower
+            or state.upper != upper
+            or state.since >= upper
+            or (self.reader is not None and self.reader.reader_id not in state.leased)
+            or (self.reader is None and state.since > self.since)
+        ):
+            self._absorb(state)
+            return
+        sums: dict[tuple[Any, ...], int] = {}  # (ts, data_id, batch, commit_ts) -> summed diff
+        for (key, val), at, diff in updates:
+            k = (at, key[0], key[1], val[0])
+            sums[k] = sums.get(k, 0) + diff
+        # (in the order _read_batches processes them: by time, then by key and val)
+        for (at, data_id, batch, commit_ts), diff in sorted(sums.items()):
+            if diff:
+                self._process(Entry(commit_ts, data_id, batch), at, diff)
+        self.frontier = upper
         self._trim(state.since)
 
     def _read_batches(self, state: ShardState) -> None:

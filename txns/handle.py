@@ -575,7 +575,10 @@ class TxnsHandle:
         except UpperMismatch as e:
             self.cache.update_ge(e.current, wait_s=0)
             return False
-        self.cache.sync_cached()
+        if self.writer.appended:
+            self.cache.absorb_appended(updates, upper, ts + 1)
+        else:
+            self.cache.sync_cached()
         if self.maintain_on_commit:
             self.writer.maintain()
         return True

@@ -37,6 +37,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class _NotReady(BaseException):
+    """Carries a failed ``ready`` (see :meth:`Machine.apply`) out of the backend's compare-and-set."""
+
+
 class Machine:
     """One shard's state, cached, plus the compare-and-set loop."""
 
@@ -81,6 +85,12 @@ class Machine:
             if cur is None or cur.seqno is None or (state.seqno is not None and state.seqno >= cur.seqno):
                 self._state, self._observed_at = state, observed_at
 
+    def assume_new(self) -> None:
+        """Take the shard as one without any state, without reading it (see ``PersistClient.assume_new``)."""
+        with self._lock:
+            if self._state is None:
+                self._state, self._observed_at = ShardState(shard_id=self.shard_id), time.monotonic()
+
     def state(self, max_age_s: float | None = None) -> ShardState:
         """The cached state, re-read if older than ``max_age_s`` (None: never)."""
         if self._state is None:
@@ -108,11 +118,17 @@ class Machine:
 
     # ---- writing ---------------------------------------------------------------
 
-    def apply(self, transition: Callable[[ShardState], tuple[T, bool]]) -> T:
+    def apply(self, transition: Callable[[ShardState], tuple[T, bool]], ready: Callable[[], None] | None = None) -> T:
         """Run ``transition`` on a copy of the state and commit it if it changed it.
 
         ``transition(state) -> (result, changed)``. It may raise to abort (for
         example UpperMismatch); nothing is written then.
+
+        ``ready``: the write's prerequisite, called once, right before the
+        first compare-and-set that can land (:meth:`Consensus.compare_and_set_after`:
+        a backend may prepare the write meanwhile). Not called when nothing
+        is written (the transition aborted, or changed nothing). If it
+        raises, nothing was written and its exception propagates.
 
         Outcome rule (see :mod:`persist.errors`): once a compare-and-set of
         this call may have reached storage, every later storage failure of
@@ -121,6 +137,20 @@ class Machine:
         """
         deadline = time.monotonic() + self.config.retry_deadline_s
         may_have_written = False  # whether a CAS of this call may have landed
+        ready_done = False  # whether ``ready`` returned
+        not_ready: list[BaseException] = []  # what it raised
+
+        def run_ready() -> None:
+            nonlocal ready_done
+            assert ready is not None
+            try:
+                ready()
+            except BaseException as e:  # noqa: BLE001 - carried out of the backend, raised below as it is
+                not_ready.append(e)
+            if not_ready:
+                raise _NotReady
+            ready_done = True
+
         try:
             state = self.state(max_age_s=self.config.consensus_retention_s / 2)
             fresh = False
@@ -146,12 +176,20 @@ class Machine:
                 new.check(state if state.seqno is not None else None)
                 data = new.encode()
                 started = time.monotonic()
+                outcome: CaSResult | None = None
                 try:
-                    outcome = self.consensus.compare_and_set(self.key, state.seqno, data)
+                    if ready is None or ready_done:
+                        outcome = self.consensus.compare_and_set(self.key, state.seqno, data)
+                    else:
+                        outcome = self.consensus.compare_and_set_after(self.key, state.seqno, data, run_ready)
+                except _NotReady:
+                    pass  # raised below, as ``ready`` raised it
                 except (Determinate, Indeterminate) as e:
                     # SUBTLE: an indeterminate CAS may have committed. Re-read and
                     # re-run: the transition sees its own token and reports success.
-                    may_have_written = may_have_written or isinstance(e, Indeterminate)
+                    # (Only one that ``ready`` had returned for: a backend calls it first.)
+                    landable = ready is None or ready_done
+                    may_have_written = may_have_written or (isinstance(e, Indeterminate) and landable)
                     attempt += 1
                     if time.monotonic() > deadline:
                         raise
@@ -159,6 +197,10 @@ class Machine:
                     backoff(attempt)
                     state, fresh = self.fetch(), True
                     continue
+                if outcome is None:
+                    # ``ready`` raised: nothing of this call can have landed (every attempt
+                    # that could called it first, and this was its first call).
+                    raise not_ready[0]
                 if outcome is CaSResult.COMMITTED:
                     may_have_written = True
                     new.seqno = seqno
@@ -168,7 +210,8 @@ class Machine:
                     return result
                 # SUBTLE: a MISMATCH may be our own write: a client library's
                 # internal retry of a CAS that landed gets "already exists".
-                may_have_written = True
+                # (Not one found before ``ready`` was called: nothing was written.)
+                may_have_written = may_have_written or ready is None or ready_done
                 attempt += 1
                 state, fresh = self.fetch(), True
         except ExternalError as e:

@@ -33,7 +33,6 @@ import base64
 import bisect
 import io
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -43,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from persist._internal.codec import FORMAT_VERSION, crc32c
+from persist._internal.ids import random_hex
 from persist._internal.retry import retry_storage
 from persist.errors import CorruptObject
 from persist.location import Blob
@@ -163,7 +163,7 @@ def part_key(shard_id: str) -> str:
     The key embeds the wall-clock write time so that leaked parts (written,
     never referenced) can be found by age without a metadata request.
     """
-    return f"{shard_id}/parts/{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
+    return f"{shard_id}/parts/{int(time.time() * 1000):013d}-{random_hex()}"
 
 
 def part_written_ms(key: str) -> int | None:
@@ -367,8 +367,9 @@ SMALL_TABLE_ROWS = 64
 kernel (an aggregation: ~0.2 ms) costs more than a commit's few rows take."""
 
 
-def _exact_key_type(t: pa.DataType) -> bool:
-    """Whether Python equality of ``t``'s values is Arrow's grouping equality (no floats: NaN, -0.0)."""
+def exact_key_type(t: pa.DataType) -> bool:
+    """Whether Python equality and order of ``t``'s values are Arrow's grouping equality and sort order
+    (no floats: NaN, -0.0)."""
     return bool(
         pa.types.is_integer(t)
         or pa.types.is_string(t)
@@ -411,7 +412,7 @@ def consolidate(table: pa.Table, advance_to: int | None = None) -> pa.Table:
         return table
     schema = table.schema
     group = [n for n in table.column_names if n != "diff"]
-    if table.num_rows <= SMALL_TABLE_ROWS and all(_exact_key_type(schema.field(n).type) for n in group):
+    if table.num_rows <= SMALL_TABLE_ROWS and all(exact_key_type(schema.field(n).type) for n in group):
         try:
             return _consolidate_small(table, group)
         except (OverflowError, pa.ArrowInvalid):

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import uuid
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
 from persist._internal.codec import KIND_STATE, frame, unframe
+from persist._internal.ids import random_hex
 from persist._internal.parts import Run, runs_rows, runs_size
 from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
 from persist.schema import CLOSED
@@ -276,10 +276,10 @@ class ShardState:
             self.batches[-1] = replace(last, upper=new_upper)
         elif rows > 0 and self.batches and self.batches[-1].rows == 0:
             last = self.batches[-1]
-            self.batches[-1] = HollowBatch(uuid.uuid4().hex, last.lower, new_upper, self.since, runs)
+            self.batches[-1] = HollowBatch(random_hex(), last.lower, new_upper, self.since, runs)
         else:
             runs = runs if rows else ()
-            self.batches.append(HollowBatch(uuid.uuid4().hex, expected_upper, new_upper, self.since, runs))
+            self.batches.append(HollowBatch(random_hex(), expected_upper, new_upper, self.since, runs))
         self.upper = new_upper
         self.writers[writer_id] = WriterState(now_ms, lease_ms, token)
         return True

@@ -32,6 +32,9 @@ Invariants:
   need it (they read unapplied batches from the txns shard's log, or apply
   what they need themselves), so nothing waits on the worker for
   correctness; the next apply covers what this one missed.
+- The committing call never waits for the worker thread to start: a new
+  thread is started on the shared pool (:mod:`txns.db.pool`; ``Thread.start``
+  waits until the thread runs), and ``close()`` waits for that start first.
 - ``close()`` runs what was submitted, then stops the thread. A worker that
   stays idle for ``IDLE_EXIT_S`` ends its thread too (the next submission
   starts another), so a database dropped without ``close()`` leaves no
@@ -47,9 +50,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 from persist import PersistClient
+from txns.db.pool import in_pool, pool
 from txns.handle import TxnsHandle
 from txns.txn import Tidy
 
@@ -91,6 +96,7 @@ class Applier:
         self._done = -1  # every commit time submitted up to this one has had its apply run
         self._tidy = Tidy()
         self._thread: threading.Thread | None = None
+        self._starting: Future[None] | None = None  # the worker thread's start, under way on the pool
         self._handle: TxnsHandle | None = None  # the worker's own; only its thread uses it
         self._closed = False
         #: applies run / failed (for tests and diagnostics)
@@ -116,11 +122,16 @@ class Applier:
             self._queued_count += 1
             self._queued_ids.update(written or {})
             self._submitted = max(self._submitted, ts)
-            if self._thread is None:
+            if self._thread is None or self._start_failed():
                 self._thread = threading.Thread(target=self._run, name="txns-db-apply", daemon=True)
-                self._thread.start()
+                self._starting = _start_soon(self._thread)
             self._cv.notify_all()
             return True
+
+    def _start_failed(self) -> bool:
+        """Whether the worker thread's start failed (a new one is started then)."""
+        f = self._starting
+        return f is not None and f.done() and f.exception() is not None
 
     def take_tidy(self) -> Tidy:
         """The entries applied so far, to retract with the next commit (handed over once)."""
@@ -157,8 +168,10 @@ class Applier:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-            t = self._thread
-        if t is not None and t is not threading.current_thread():
+            t, starting = self._thread, self._starting
+        if starting is not None:
+            starting.exception()  # (waited for: a thread is joined once started)
+        if t is not None and t is not threading.current_thread() and t.ident is not None:
             t.join(timeout)
         with self._cv:
             if self._thread is not None and self._thread.is_alive():
@@ -215,6 +228,21 @@ class Applier:
                 self._after_apply(self._handle, ts, ids)
             except Exception as e:  # noqa: BLE001 - maintenance is best effort
                 log.info("maintenance after applying up to %s deferred: %s", ts, e)
+
+
+def _start_soon(thread: threading.Thread) -> Future[None]:
+    """Start ``thread`` on the shared pool: ``Thread.start`` waits until the new thread runs, which the
+    committing call need not (its commit is durable already). Inline from a pool thread or once the pool
+    is shut down."""
+    if not in_pool():
+        try:
+            return pool().submit(thread.start)
+        except RuntimeError:  # (the interpreter is exiting: no new pool tasks)
+            pass
+    done: Future[None] = Future()
+    thread.start()
+    done.set_result(None)
+    return done
 
 
 @atexit.register

@@ -218,6 +218,8 @@ def connect(
         proposal = new_proposal(client.config.clock_ms())
         if retention_ms is not None:
             proposal = RootRecord(proposal.txns_id, proposal.catalog_id, proposal.created_ms, retention_ms)
+        for d in (proposal.txns_id, proposal.catalog_id, commits_shard_id(proposal.txns_id)):
+            client.assume_new(d)  # (fresh ids nothing names yet: their first writes read nothing first)
         opened = _open_proposed(client, proposal)
         root = create_root(client, proposal)
         handle = opened(root)

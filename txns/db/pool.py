@@ -5,6 +5,11 @@ schemas each fan out over a few independent storage calls. Starting threads
 for each of them costs more than the calls on a busy machine, so they share
 this pool, whose threads are started once and kept.
 
+Each submission is handed straight to an idle thread, which alone is woken
+for it (``persist.ThreadPool``: two submissions made together start
+together, where a ``ThreadPoolExecutor`` starts the second only once the
+first one's thread has woken).
+
 Invariants:
 
 - Its tasks are leaves: none waits for another task of this pool. A caller
@@ -12,6 +17,8 @@ Invariants:
   use can never deadlock).
 - A forked child gets a pool of its own (the parent's threads do not exist
   in it).
+- Every caller waits for what it submitted before it returns (the pool's
+  threads are daemon threads: at exit none runs unless its caller does).
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from persist import ThreadPool
 
 THREADS = 8
 """Threads of the pool: the most storage calls one process's database layer runs at once."""
@@ -30,16 +38,16 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+_pool: ThreadPool | None = None
 _pid: int | None = None
 
 
-def pool() -> ThreadPoolExecutor:
+def pool() -> ThreadPool:
     """The process's pool (created on first use, and again in a forked child)."""
     global _pool, _pid
     with _lock:
         if _pool is None or _pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=NAME)
+            _pool = ThreadPool(THREADS, NAME)
             _pid = os.getpid()
         return _pool
 
@@ -50,10 +58,13 @@ def in_pool() -> bool:
 
 
 def each(fn: Callable[[T], R], items: Iterable[T]) -> list[R | BaseException]:
-    """``fn`` of every item, at once on the pool (inline for one item, or from a pool thread).
+    """``fn`` of every item, at once (inline for one item, or from a pool thread).
 
-    Every call runs to its end; a call that raised gives its exception in
-    its place (the caller decides what to raise).
+    The calling thread runs the first item itself and the others run on the
+    pool; one the pool has not started by the time the caller is done with
+    its own is run by the caller too. Every call runs to its end; a call
+    that raised gives its exception in its place (the caller decides what
+    to raise).
     """
 
     def call(x: T) -> R | BaseException:
@@ -65,8 +76,11 @@ def each(fn: Callable[[T], R], items: Iterable[T]) -> list[R | BaseException]:
     items = list(items)
     if len(items) <= 1 or in_pool():
         return [call(x) for x in items]
-    futures = [pool().submit(call, x) for x in items]
-    return [f.result() for f in futures]
+    futures = [pool().submit(call, x) for x in items[1:]]
+    out = [call(items[0])]
+    for x, f in zip(items[1:], futures, strict=True):
+        out.append(call(x) if f.cancel() else f.result())
+    return out
 
 
 __all__ = ["NAME", "THREADS", "each", "in_pool", "pool"]
