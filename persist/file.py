@@ -115,7 +115,7 @@ def _mkdirs(path: Path, touched: list[Path]) -> None:
         touched.append(path.parent)
 
 
-def _makedirs_durable(*paths: Path) -> None:
+def makedirs_durable(*paths: Path) -> None:
     """Create each of ``paths`` and its missing parents; then fsync each parent that gained an entry, once."""
     touched: list[Path] = []
     for path in paths:
@@ -298,7 +298,7 @@ class FileBlob(Blob):
         if _made is not None:  # (open_file made it)
             return
         try:
-            _makedirs_durable(self._root)
+            makedirs_durable(self._root)
         except OSError as e:
             raise Determinate(f"cannot create blob directory {str(self._root)!r}: {e}") from e
 
@@ -334,7 +334,7 @@ class FileBlob(Blob):
     def _set(self, key: str, value: bytes, path: Path, pending: list[Future[None]]) -> None:
         try:
             if not path.parent.is_dir():  # (one stat when it is there, as it mostly is)
-                _makedirs_durable(path.parent)
+                makedirs_durable(path.parent)
         except (FileExistsError, NotADirectoryError) as e:
             raise InvalidUsage(
                 f"cannot set blob {key!r}: a parent of {str(path)!r} is a file; the file "
@@ -449,7 +449,7 @@ class FileConsensus(Consensus):
         if _made is not None:  # (open_file made it)
             return
         try:
-            _makedirs_durable(self._root)
+            makedirs_durable(self._root)
         except OSError as e:
             raise Determinate(f"cannot create consensus directory {str(self._root)!r}: {e}") from e
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
-from persist.errors import InvalidUsage
+from persist.errors import Determinate, InvalidUsage
 from persist.location import Blob, Consensus
 
 _S3_PARAMS = frozenset({"endpoint_url", "region"})
@@ -328,12 +328,13 @@ def _open_file(u: LocationURL) -> Location:
 
     root = _file_path(u)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+        # (open_file makes the directory and any missing parents; their new entries, up to the
+        # first parent that existed, are made durable by the location's first write)
+        blob, consensus = open_file(root)
+    except Determinate as e:
         raise InvalidUsage(
-            f"cannot create the directory {str(root)!r} for {redact(u.url)!r}: {e}"
+            f"cannot create the directory {str(root)!r} for {redact(u.url)!r}: {e.__cause__ or e}"
         ) from e
-    blob, consensus = open_file(root)
     return Location(u.url, blob, consensus)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import persist.batch as batch_mod
 import persist.file as file_mod
-from persist import PersistClient, Schema, ShardId
+from persist import InvalidUsage, PersistClient, Schema, ShardId
 from persist._internal import ids
 from persist._internal.parts import decode_inline
 from persist.batch import BatchBuilder
@@ -391,3 +391,26 @@ def test_a_small_batch_checks_its_rows_as_the_general_path_does() -> None:
     out.add_updates([((("a", 1, b""), (1, True)), 12, 1)])
     with pytest.raises(Exception, match="outside the batch bounds"):
         out.finish()
+
+
+def test_a_location_opened_by_url_makes_its_own_directory_entry_durable(tmp_path: Path, monkeypatch) -> None:
+    from persist.url import open_location
+
+    events = _events(monkeypatch)
+    loc = open_location(f"file://{tmp_path}/a/b")  # (a and b are new)
+    assert (tmp_path / "a" / "b" / "blob").is_dir()
+    assert loc.consensus.compare_and_set("k", None, b"v1") is COMMITTED
+    synced = [p for op, p in events if op == "fsync"]
+    # every directory that gained an entry, up to the first that existed, before the version is named
+    first_link = next(i for i, (op, _) in enumerate(events) if op == "link")
+    before = [p for op, p in events[:first_link] if op == "fsync"]
+    for d in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
+        assert str(d) in before, f"{d} was not synced before the first version was published: {synced}"
+
+
+def test_a_url_whose_directory_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    from persist.url import open_location
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidUsage, match="cannot create the directory"):
+        open_location(f"file://{tmp_path}/file/sub")

@@ -85,3 +85,23 @@ def test_native_is_refused_where_it_cannot_run(spark, tmp_path: Path, s3_url_fac
     assert batch.rows == 1
     with pytest.raises(InvalidUsage, match="native=True"):
         txns.spark.write_batch(spark.createDataFrame(rows(2), DDL), s3_url_factory(), d, SCHEMA, native=True)
+
+
+def test_a_native_write_makes_a_new_shards_directories_durable(spark, tmp_path: Path, monkeypatch) -> None:
+    import persist.file as file_mod
+
+    url = f"file://{tmp_path}/store"
+    d = str(ShardId.new())
+    PersistClient.open(url).register_schema(d, SCHEMA)
+    synced: list[str] = []
+    real = file_mod.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        synced.append(str(path))
+        real(path)
+
+    monkeypatch.setattr(file_mod, "fsync_dir", fsync_dir)
+    txns.spark.write_batch(spark.createDataFrame(rows(10), DDL), url, d, SCHEMA, native=True)
+    blob = tmp_path / "store" / "blob"
+    # the new entries (the shard's directory in blob/, parts/ in it) are durable, not only the parts' own
+    assert str(blob) in synced and str(blob / d) in synced

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from persist import Schema, SchemaMismatch
-from persist.file import fsync_path
+from persist.file import fsync_path, makedirs_durable
 from persist.manifest import PartRef, describe_part
 from persist.url import local_path
 
@@ -105,7 +105,7 @@ def write_native(
         for f in files:
             _check_nulls(f, required, data_id)
         parts_dir = root / "blob" / data_id / "parts"
-        parts_dir.mkdir(parents=True, exist_ok=True)
+        makedirs_durable(parts_dir)  # (a new shard's directories: their entries durable before any part)
         refs = [_adopt(f, parts_dir, data_id) for f in files]
         fsync_path(parts_dir)
     finally:
