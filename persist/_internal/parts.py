@@ -235,6 +235,17 @@ def bound_value(value: pa.Scalar) -> Bound | None:
     return None
 
 
+def bound_values(values: Iterable[object], t: pa.DataType) -> list[Bound | None]:
+    """:func:`bound_value` of each of ``values`` (Python values of Arrow type ``t``, as Arrow gives them back).
+
+    Integers and strings are their own bounds: no Arrow scalar is made for
+    them (a point read of thousands of keys made one each).
+    """
+    if pa.types.is_integer(t) or _stringy(t):
+        return list(values)  # type: ignore[arg-type]
+    return [bound_value(pa.scalar(v, t)) for v in values]
+
+
 def first_column_bounds(table: pa.Table) -> tuple[Bound | None, Bound | None]:
     """(least, greatest) value of ``table``'s first column as stored bounds; None where unknown."""
     if table.num_columns == 0 or table.num_rows == 0:

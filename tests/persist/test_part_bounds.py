@@ -27,6 +27,7 @@ from persist._internal.parts import (
     PartRef,
     Run,
     bound_value,
+    bound_values,
     decode_part,
     first_column_bounds,
     prune_runs,
@@ -370,3 +371,17 @@ def test_repeated_point_reads_come_from_the_part_cache(
     hits = cache.hits
     db.table("items").to_arrow()
     assert cache.hits == hits
+
+
+@pytest.mark.parametrize(
+    ("values", "t"),
+    [
+        ([3, -1, None], pa.int64()),
+        (["b", "a", None], pa.string()),
+        (["x"], pa.large_string()),
+        ([dt.date(2026, 1, 2), None], pa.date32()),
+        ([1.5], pa.float64()),
+    ],
+)
+def test_bound_values_are_bound_value_of_each(values: list[object], t: pa.DataType) -> None:
+    assert bound_values(values, t) == [bound_value(pa.scalar(v, t)) for v in values]

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import SchemaMismatch, SnapshotPlan
-from persist.manifest import bound_value, prune_runs
+from persist.manifest import bound_values, prune_runs
 from txns.db.arrow_io import NOT_ARROW, arrow_pieces, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import InvalidPrimaryKey
@@ -174,12 +174,7 @@ def prune_plan(e: TableEntry, plan: SnapshotPlan, keys: Collection[Key]) -> Snap
     values. Parts without bounds and inline rows are kept.
     """
     pk = require_keyed(e, "a keyed read")
-    typ = e.schema.field(pk[0]).type
-    if pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        firsts: Iterable[Any] = {k[0] for k in keys}  # (normalized keys: their values are the bounds already)
-    else:
-        firsts = (bound_value(pa.scalar(k[0], typ)) for k in keys)
-    runs = prune_runs(plan.runs, firsts)
+    runs = prune_runs(plan.runs, bound_values({k[0] for k in keys}, e.schema.field(pk[0]).type))
     return plan if runs == plan.runs else replace(plan, runs=runs)
 
 
