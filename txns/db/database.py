@@ -67,7 +67,7 @@ import json
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -365,6 +365,21 @@ class Database:
 
     def _now_ts(self) -> int:
         return clock.ts_of_ms(self.client.config.clock_ms())
+
+    def may_have_written(self, name: str, lo: int, hi: int, but: Collection[int] = ()) -> bool:
+        """Whether a commit in ``[lo, hi]`` (other than at the times ``but``) may have written table ``name``.
+
+        From the txns cache's write times (no request); True where it cannot
+        tell (times below its since or past its frontier, a name it does not know).
+        """
+        e = self.catalog(hi).tables.get(name)
+        if e is None:
+            return True
+        with self._lock:
+            cache = self.handle.cache
+            if lo < cache.since or hi >= cache.frontier:
+                return True
+            return bool(writes_in(cache, e.data_id, lo, hi).difference(but))
 
     def cached_latest(self) -> int | None:
         """The latest timestamp as this process last saw it (no request); None before it saw any."""

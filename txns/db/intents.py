@@ -96,7 +96,7 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -464,7 +464,7 @@ def _outcomes(db: Database, intents: list[str], lo: int, hi: int) -> dict[str, O
     """The outcomes of ``intents`` committed in ``[lo, hi]`` (``hi`` at most the latest time)."""
     from txns.db.table import Table
 
-    if not _written(db, OUTCOMES, lo, hi):
+    if not db.may_have_written(OUTCOMES, lo, hi):
         return {}
     ch = Table(db, OUTCOMES).changes(lo, hi + 1)
     ch = ch.filter(pc.and_(pc.is_in(ch.column("intent"), pa.array(intents, pa.string())),
@@ -639,23 +639,6 @@ class _Resolved:
 ROLLED_BACK = "a read no longer matched"
 
 
-def _written(db: Database, name: str, lo: int, hi: int, but: Collection[int] = ()) -> bool:
-    """Whether a commit in ``[lo, hi]`` (other than at the times ``but``) may have written table ``name``.
-
-    From the txns cache's record of write times (no request); True where it cannot tell.
-    """
-    from txns.db.validation import writes_in
-
-    e = db.catalog(hi).tables.get(name)
-    if e is None:
-        return True
-    with db._lock:
-        cache = db.handle.cache
-        if lo < cache.since or hi >= cache.frontier:
-            return True
-        return bool(writes_in(cache, e.data_id, lo, hi).difference(but))
-
-
 def _step(db: Database, t: Transaction) -> _Resolved | None:
     """Stage one resolution step in ``t`` (see the module doc); the outcomes, or None if nothing is to resolve."""
     from txns.db.table import Table
@@ -666,7 +649,7 @@ def _step(db: Database, t: Transaction) -> _Resolved | None:
     st = db.intent_state
     with st.lock:
         own_steps = set(st.steps)
-    if read_ts <= done_to or not _written(db, INTENTS, done_to + 1, read_ts, but=own_steps):
+    if read_ts <= done_to or not db.may_have_written(INTENTS, done_to + 1, read_ts, but=own_steps):
         return None
     ch = Table(db, INTENTS).changes(done_to + 1, read_ts + 1)
     ch = ch.filter(pc.greater(ch.column("diff"), 0))
