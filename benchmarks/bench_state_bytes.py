@@ -1,15 +1,19 @@
 """Bytes of shard state per commit (issue #13, "small state writes"): compressed states against the old format.
 
-Every conditional write uploads a shard's whole state, so its size is what a
-small commit costs in bytes. A database on moto S3 runs N one-row commits in
-a tight loop (``with db.transaction() as t: t.insert(...)``); the wire
-counter on its S3 client counts what goes out and comes in. Two formats in
-the same run, each on a fresh bucket:
+A conditional write uploads a version of a shard's state, so its size is
+what a small commit costs in bytes. A database on moto S3 runs N one-row
+commits in a tight loop (``with db.transaction() as t: t.insert(...)``); the
+wire counter on its S3 client counts what goes out and comes in. Three
+formats in the same run, each on a fresh bucket:
 
-- ``zstd`` (the format since 26 Nov 2026): states framed with version 2, a
-  zstd frame of the JSON;
-- ``plain``: states framed with version 1, the JSON as it is (what every
-  earlier version wrote; the benchmark switches the encoder back).
+- ``diffs`` (the format since 26 Nov 2026, second session): each version a
+  diff against the previous one (frame version 3), the whole state (a
+  rollup) every ``state_rollup_every`` versions;
+- ``zstd``: every version the whole state, framed with version 2 (a zstd
+  frame of the JSON; ``state_rollup_every=1``);
+- ``plain``: every version whole, framed with version 1, the JSON as it is
+  (what every version before 26 Nov wrote; the benchmark switches the
+  encoder back).
 
 Printed per format: mean bytes PUT to consensus per commit (states: the
 commits' and the background maintenance's), the largest and the last
@@ -39,6 +43,7 @@ from common import WireCounter, human_bytes, load, moto_server, new_bucket_url, 
 
 import persist._internal.state as state_module
 import txns
+from persist import PersistConfig
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 
@@ -69,11 +74,15 @@ def _objects(endpoint: str, url: str, shard: str) -> list[int]:
     return [n for _, n in sorted(sizes)]
 
 
-def run(endpoint: str, commits: int, plain: bool) -> dict[str, Any]:
-    undo = _plain_frames() if plain else (lambda: None)
+FORMATS = ("diffs", "zstd", "plain")
+
+
+def run(endpoint: str, commits: int, fmt: str) -> dict[str, Any]:
+    undo = _plain_frames() if fmt == "plain" else (lambda: None)
+    config = PersistConfig() if fmt == "diffs" else PersistConfig(state_rollup_every=1)
     try:
         url = new_bucket_url(endpoint)
-        db = txns.connect(url)
+        db = txns.connect(url, config=config)
         db.create_table("t", SCHEMA)
         wire = WireCounter(db.client.blob._client)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
@@ -85,7 +94,7 @@ def run(endpoint: str, commits: int, plain: bool) -> dict[str, Any]:
         sizes = _objects(endpoint, url, db.root.txns_id)
         db.close()
         t1 = time.perf_counter()
-        fresh = txns.connect(url)
+        fresh = txns.connect(url, config=config)
         fresh_wire = WireCounter(fresh.client.blob._client)  # type: ignore[attr-defined]
         fresh.table("t").to_arrow()
         open_ms = (time.perf_counter() - t1) * 1000
@@ -96,9 +105,15 @@ def run(endpoint: str, commits: int, plain: bool) -> dict[str, Any]:
     cons_put = total(snap, lambda k: k.startswith("PUT consensus"))
     every = total(snap)
     return {
-        "format": "plain (version 1)" if plain else "zstd (version 2)",
+        "format": {
+            "diffs": "diffs (version 3)",
+            "zstd": "whole, zstd (version 2)",
+            "plain": "whole, plain (version 1)",
+        }[fmt],
+        "kind": fmt,
         "state PUT bytes per commit": cons_put.bytes_out / commits,
         "largest txns state": max(sizes) if sizes else 0,
+        "median txns version": sorted(sizes)[len(sizes) // 2] if sizes else 0,
         "last txns state": sizes[-1] if sizes else 0,
         "bytes in per commit": every.bytes_in / commits,
         "requests per commit": every.requests / commits,
@@ -115,12 +130,13 @@ def main() -> None:
     print(f"bench_state_bytes: {a.commits} one-row commits per format, moto S3; {load()}", flush=True)
     rows = []
     with moto_server() as endpoint:
-        results = [run(endpoint, a.commits, plain) for _ in range(a.rounds) for plain in (False, True)]
+        results = [run(endpoint, a.commits, fmt) for _ in range(a.rounds) for fmt in FORMATS]
     for r in results:
         rows.append(
             [
                 r["format"],
                 human_bytes(r["state PUT bytes per commit"]),
+                human_bytes(r["median txns version"]),
                 human_bytes(r["largest txns state"]),
                 human_bytes(r["last txns state"]),
                 human_bytes(r["bytes in per commit"]),
@@ -129,24 +145,27 @@ def main() -> None:
                 r["open"],
             ]
         )
-    zstd = {k: sum(r[k] for r in results[0::2]) / a.rounds for k in ("state PUT bytes per commit", "ms per commit")}
-    plain = {k: sum(r[k] for r in results[1::2]) / a.rounds for k in ("state PUT bytes per commit", "ms per commit")}
-    zstd["largest txns state"] = max(r["largest txns state"] for r in results[0::2])
-    plain["largest txns state"] = max(r["largest txns state"] for r in results[1::2])
-    rows.append(
-        [
-            "plain / zstd (means over the rounds)",
-            f"{plain['state PUT bytes per commit'] / zstd['state PUT bytes per commit']:.1f}x",
-            f"{plain['largest txns state'] / max(1, zstd['largest txns state']):.1f}x",
-            "",
-            "",
-            "",
-            f"{plain['ms per commit'] / zstd['ms per commit']:.2f}x",
-            "",
-        ]
-    )
+    keys = ("state PUT bytes per commit", "ms per commit")
+    means = {f: {k: sum(r[k] for r in results if r["kind"] == f) / a.rounds for k in keys} for f in FORMATS}
+    for f in FORMATS:
+        means[f]["largest txns state"] = max(r["largest txns state"] for r in results if r["kind"] == f)
+    for f in ("zstd", "plain"):
+        rows.append(
+            [
+                f"{f} / diffs (means over the rounds)",
+                f"{means[f]['state PUT bytes per commit'] / means['diffs']['state PUT bytes per commit']:.1f}x",
+                "",
+                f"{means[f]['largest txns state'] / max(1, means['diffs']['largest txns state']):.1f}x",
+                "",
+                "",
+                "",
+                f"{means[f]['ms per commit'] / means['diffs']['ms per commit']:.2f}x",
+                "",
+            ]
+        )
     print_table(
-        ["state format", "state bytes PUT per commit", "largest txns state", "last txns state", "bytes in per commit",
+        ["state format", "state bytes PUT per commit", "median txns version", "largest txns version",
+         "last txns version", "bytes in per commit",
          "requests per commit", "ms per commit", "a fresh open + read"],
         rows,
         title=f"{a.commits} one-row database commits in a loop, moto S3, wire counts",

@@ -32,6 +32,11 @@ class PersistConfig:
       last renewal (reads renew it once a quarter of it has passed). It bounds
       how long a killed process holds back compaction: 2 minutes by default.
     - ``retry_deadline_s``: how long an operation retries storage failures.
+    - ``state_rollup_every``: a state version is written as a diff against
+      the previous one, and as the whole state (a rollup) at least once in
+      this many versions (and whenever its diffs since the last rollup would
+      outweigh two rollups), so a reader starting from nothing reads at most
+      this many versions. 1: every version whole (no diffs).
     """
 
     part_target_bytes: int = 64 << 20
@@ -46,4 +51,5 @@ class PersistConfig:
     writer_lease_s: float = 3600.0
     read_wait_s: float = 10.0
     retry_deadline_s: float = 30.0
+    state_rollup_every: int = 16
     clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))

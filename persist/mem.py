@@ -65,7 +65,11 @@ class MemConsensus(Consensus):
     def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
         with self._lock:
             versions = self._data.get(key, [])
-            return [v for v in versions if v.seqno >= from_seqno][:limit]
+            if limit <= 0 or not versions:
+                return []
+            # seqnos are consecutive from the first kept one
+            start = max(0, from_seqno - versions[0].seqno)
+            return versions[start : start + limit]
 
     def truncate(self, key: str, seqno: int) -> int:
         with self._lock:

@@ -29,6 +29,7 @@ thread-safe).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from persist._internal.threads import ThreadPool
 from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
 from persist.location import Blob, CaSResult, Consensus, VersionedData, next_seqno
 
@@ -55,6 +57,29 @@ READ_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 3
 
 _SEQNO_RE = re.compile(r"^[0-9]{20}$")
+_SCAN_GETS = 8  # versions a scan fetches at once (a reader catching up on a chain of state diffs)
+_scan_lock = threading.Lock()
+_scan_pool: ThreadPool | None = None
+_scan_pid: int | None = None
+
+
+def _map(fn: Callable[[int], T], items: list[int]) -> list[T]:
+    """``[fn(x) for x in items]``, run on a shared pool when there is more than one."""
+    global _scan_pool, _scan_pid
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with _scan_lock:
+        if _scan_pool is None or _scan_pid != os.getpid():
+            _scan_pool = ThreadPool(_SCAN_GETS, "persist-s3-scan")
+            _scan_pid = os.getpid()
+        pool = _scan_pool
+    try:
+        futures = [pool.submit(fn, x) for x in items]
+    except RuntimeError:  # (shutting down: no new threads)
+        return [fn(x) for x in items]
+    return [f.result() for f in futures]
+
+
 _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 _MAX_RELISTS = 100
 _MISMATCH_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
@@ -369,14 +394,11 @@ class S3Consensus(_S3Base, Consensus):
             return []
         what = f"s3 consensus scan {self._where(self._dir(key))}"
         for _ in range(_MAX_RELISTS):
-            out: list[VersionedData] = []
-            for s in self._seqnos(key, what, from_seqno=max(from_seqno, 1), limit=limit):
-                data = self._get_bytes(f"{self._dir(key)}{s:020d}", what)
-                if data is None:
-                    break  # a concurrent truncate: list again for a consistent answer
-                out.append(VersionedData(s, data))
-            else:
-                return out
+            seqnos = self._seqnos(key, what, from_seqno=max(from_seqno, 1), limit=limit)
+            got = _map(lambda s: self._get_bytes(f"{self._dir(key)}{s:020d}", what), seqnos)
+            if all(data is not None for data in got):
+                return [VersionedData(s, data) for s, data in zip(seqnos, got, strict=True) if data is not None]
+            # a concurrent truncate: list again for a consistent answer
         raise Determinate(f"{what}: versions kept vanishing while reading")
 
     def truncate(self, key: str, seqno: int) -> int:

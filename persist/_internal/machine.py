@@ -1,10 +1,12 @@
 """Applies state transitions to a shard's consensus log, with caching and retries.
 
 Protocol. The shard's state lives in the consensus key ``<shard_id>``; each
-version is a whole :class:`ShardState`. To change it, a handle runs a pure
-transition on its cached state and compare-and-sets the result at
-``seqno + 1``. On a mismatch it re-reads the head and runs the transition
-again. A handle whose cache is current pays exactly one conditional write.
+version is a :class:`ShardState`, written whole (a rollup) or as a diff
+against the version before it (:mod:`persist._internal.state_diff`). To
+change it, a handle runs a pure transition on its cached state and
+compare-and-sets the result at ``seqno + 1``. On a mismatch it reads the
+versions it missed and runs the transition again. A handle whose cache is
+current pays exactly one conditional write.
 
 Invariants kept here:
 
@@ -13,6 +15,11 @@ Invariants kept here:
   than the newest truncation mark that is itself older than
   ``consensus_retention_s`` (so a create-if-absent CAS can never re-create a
   truncated version; see :class:`persist.location.Consensus`).
+- A diff is only ever written against the cached state at ``seqno``, the
+  version the compare-and-set expects: if the write lands, it follows
+  exactly the version it was computed from. Every version that adds a
+  truncation mark is a rollup, so truncating below a mark keeps every
+  chain a kept version needs.
 - After an indeterminate failure the transition is re-run against a freshly
   read state; transitions recognise their own earlier success (writer
   tokens, ids), so a write that happened but reported a timeout is neither
@@ -27,14 +34,21 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from persist._internal.codec import KIND_STATE, unframe
 from persist._internal.retry import backoff
 from persist._internal.state import ShardState
+from persist._internal.state_diff import diff_base, encode_version, read_version
 from persist.config import PersistConfig
 from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch, note_write
-from persist.location import CaSResult, Consensus
+from persist.location import CaSResult, Consensus, VersionedData
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+_CATCH_UP_VERSIONS = 4
+"""A handle at most this many versions behind catches up by reading just those (a lost race: usually 1)."""
+_REREADS = 5
+"""How often a read starts again when versions of its chain vanish under it (truncation of old versions)."""
 
 
 class _NotReady(BaseException):
@@ -62,22 +76,63 @@ class Machine:
         while True:
             started = time.monotonic()
             try:
-                hint = self._state.seqno if self._state is not None else None
-                head = self.consensus.head(self.key, hint)
+                state = self._read_head()
             except ExternalError:
                 attempt += 1
                 if time.monotonic() > deadline:
                     raise
                 backoff(attempt)
                 continue
-            if head is None:
-                state = ShardState(shard_id=self.shard_id)
-            elif self._state is not None and self._state.seqno == head.seqno:
-                state = self._state
-            else:
-                state = ShardState.decode(f"consensus {self.key} seqno {head.seqno}", head.data, head.seqno)
             self._remember(state, started)
             return state
+
+    def _where(self, seqno: int) -> str:
+        return f"consensus {self.key} seqno {seqno}"
+
+    def _replay(self, state: ShardState | None, versions: list[VersionedData]) -> ShardState | None:
+        """``state`` moved through ``versions`` (consecutive, oldest first); None at a diff it cannot apply."""
+        for v in versions:
+            state = read_version(self._where(v.seqno), v.data, v.seqno, state)
+            if state is None:
+                return None
+        return state
+
+    def _read_head(self) -> ShardState:
+        """The state at the head: the cached one moved on by the versions after it, else from the head's rollup.
+
+        A handle that is a few versions behind reads just those versions (one
+        scan); one further behind, or with nothing cached, reads the head, then
+        the versions from its chain's rollup (or from the cached state, if that
+        is in the chain). See :mod:`persist._internal.state_diff`.
+        """
+        cached = self._state
+        if cached is not None and cached.seqno is not None:
+            versions = self.consensus.scan(self.key, cached.seqno + 1, _CATCH_UP_VERSIONS)
+            if len(versions) < _CATCH_UP_VERSIONS:
+                state = self._replay(cached, versions)
+                if state is not None:
+                    return state
+        for _ in range(_REREADS):
+            hint = cached.seqno if cached is not None else None
+            head = self.consensus.head(self.key, hint)
+            if head is None:
+                return ShardState(shard_id=self.shard_id)
+            if cached is not None and cached.seqno == head.seqno:
+                return cached
+            state = read_version(self._where(head.seqno), head.data, head.seqno, None)
+            if state is not None:
+                return state  # a rollup
+            base, _ = diff_base(self._where(head.seqno), unframe(self._where(head.seqno), head.data, KIND_STATE))
+            start: ShardState | None = None
+            first = base
+            if cached is not None and cached.seqno is not None and base <= cached.seqno < head.seqno:
+                start, first = cached, cached.seqno + 1
+            versions = self.consensus.scan(self.key, first, head.seqno - first) if head.seqno > first else []
+            state = self._replay(start, [*versions, head])
+            if state is not None:
+                return state
+            # A version of the chain vanished (truncated under a newer head): read again.
+        raise Determinate(f"consensus {self.key}: the state's versions kept vanishing while reading")
 
     def _remember(self, state: ShardState, observed_at: float) -> None:
         with self._lock:
@@ -174,7 +229,7 @@ class Machine:
                 seqno = 1 if state.seqno is None else state.seqno + 1
                 new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
                 new.check(state if state.seqno is not None else None)
-                data = new.encode()
+                data, chain = encode_version(state, new, seqno, self.config.state_rollup_every)
                 started = time.monotonic()
                 outcome: CaSResult | None = None
                 try:
@@ -203,7 +258,7 @@ class Machine:
                     raise not_ready[0]
                 if outcome is CaSResult.COMMITTED:
                     may_have_written = True
-                    new.seqno = seqno
+                    new.seqno, new.chain = seqno, chain
                     self._remember(new, started)
                     if seqno % self.config.gc_every_versions == 0:
                         self.truncate_old_versions()

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
-from persist._internal.codec import KIND_STATE, frame, unframe
+from persist._internal.codec import DIFF_VERSION, KIND_STATE, frame, unframe_versioned
 from persist._internal.ids import random_hex
 from persist._internal.parts import Run, runs_rows, runs_size
-from persist.errors import InvalidUsage, SchemaMismatch, UpperMismatch
+from persist.errors import CorruptObject, InvalidUsage, SchemaMismatch, UpperMismatch
 from persist.schema import CLOSED
 
 TOMBSTONE = CLOSED
@@ -79,6 +79,29 @@ class HollowBatch:
 
 
 @dataclass(frozen=True)
+class Chain:
+    """Where a state version sits in its chain of diffs (see :mod:`persist._internal.state_diff`).
+
+    Not stored: derived when a version is read or written. ``base``: the
+    seqno of the chain's rollup; ``diffs``: how many diffs follow it up to
+    this version; ``diff_bytes``: their framed size; ``rollup_bytes``: the
+    rollup's framed size.
+    """
+
+    base: int
+    diffs: int
+    diff_bytes: int
+    rollup_bytes: int
+
+    def extended(self, diff_bytes: int) -> Chain:
+        return Chain(self.base, self.diffs + 1, self.diff_bytes + diff_bytes, self.rollup_bytes)
+
+    def wants_rollup(self, next_diff_bytes: int, rollup_every: int) -> bool:
+        """Whether the next version should be a rollup: the chain is long, or its diffs outweigh two rollups."""
+        return self.diffs + 1 >= rollup_every or self.diff_bytes + next_diff_bytes > 2 * self.rollup_bytes
+
+
+@dataclass(frozen=True)
 class WriterState:
     heartbeat_ms: int
     lease_ms: int
@@ -96,6 +119,18 @@ class LeasedReaderState:
 class CriticalReaderState:
     since: int
     opaque: int
+
+
+def writer_json(w: WriterState) -> list[Any]:
+    return [w.heartbeat_ms, w.lease_ms, w.token]
+
+
+def leased_json(r: LeasedReaderState) -> list[Any]:
+    return [r.since, r.heartbeat_ms, r.lease_ms]
+
+
+def critical_json(r: CriticalReaderState) -> list[Any]:
+    return [r.since, r.opaque]
 
 
 @dataclass
@@ -125,28 +160,32 @@ class ShardState:
     garbage: list[tuple[str, int]] = field(default_factory=list)
     #: The consensus seqno this version was read at (not serialized).
     seqno: int | None = None
+    #: Where this version sits in its chain of diffs (not serialized; None: unknown, so the next write is a rollup).
+    chain: Chain | None = field(default=None, compare=False)
 
     # ---- encoding -------------------------------------------------------------
 
-    def encode(self) -> bytes:
-        j = {
+    def to_json(self) -> dict[str, Any]:
+        return {
             "shard_id": self.shard_id,
             "schema": self.schema,
             "since": self.since,
             "upper": self.upper,
             "batches": [b.to_json() for b in self.batches],
-            "writers": {k: [w.heartbeat_ms, w.lease_ms, w.token] for k, w in self.writers.items()},
-            "leased": {k: [r.since, r.heartbeat_ms, r.lease_ms] for k, r in self.leased.items()},
-            "critical": {k: [r.since, r.opaque] for k, r in self.critical.items()},
+            "writers": {k: writer_json(w) for k, w in self.writers.items()},
+            "leased": {k: leased_json(r) for k, r in self.leased.items()},
+            "critical": {k: critical_json(r) for k, r in self.critical.items()},
             "walltime_ms": self.walltime_ms,
             "marks": self.marks,
             "garbage": self.garbage,
         }
-        return frame(KIND_STATE, json.dumps(j, separators=(",", ":")).encode(), compress=True)
+
+    def encode(self) -> bytes:
+        """This whole state, framed (a rollup; see :mod:`persist._internal.state_diff` for diffs)."""
+        return frame(KIND_STATE, json.dumps(self.to_json(), separators=(",", ":")).encode(), compress=True)
 
     @staticmethod
-    def decode(key: str, data: bytes, seqno: int) -> ShardState:
-        j = json.loads(unframe(key, data, KIND_STATE))
+    def from_json(j: dict[str, Any], seqno: int | None) -> ShardState:
         return ShardState(
             shard_id=j["shard_id"],
             schema=j["schema"],
@@ -161,6 +200,19 @@ class ShardState:
             garbage=[(a, b) for a, b in j["garbage"]],
             seqno=seqno,
         )
+
+    @staticmethod
+    def decode(key: str, data: bytes, seqno: int) -> ShardState:
+        """A whole state (a rollup) from its framed bytes. CorruptObject for anything else (a diff included)."""
+        version, payload = unframe_versioned(key, data, KIND_STATE)
+        if version == DIFF_VERSION:
+            raise CorruptObject(key, "a state diff where a whole state was expected")
+        try:
+            state = ShardState.from_json(json.loads(payload), seqno)
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptObject(key, f"not a shard state: {e!r}") from None
+        state.chain = Chain(seqno, 0, 0, len(data))
+        return state
 
     def clone(self) -> ShardState:
         return replace(

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from persist import CorruptObject
-from persist._internal.codec import FORMAT_VERSION, KIND_STATE, ZSTD_VERSION, frame, unframe
+from persist._internal.codec import DIFF_VERSION, FORMAT_VERSION, KIND_STATE, ZSTD_VERSION, frame, unframe
 from persist._internal.state import ShardState
 
 
@@ -60,6 +60,6 @@ def test_a_compressed_payload_that_does_not_decompress_is_corrupt() -> None:
 
 
 def test_a_newer_format_version_says_to_upgrade() -> None:
-    body = b"TXP1" + bytes([KIND_STATE]) + struct.pack(">H", ZSTD_VERSION + 1) + b"{}"
-    with pytest.raises(CorruptObject, match="newer than this library's 2; upgrade"):
+    body = b"TXP1" + bytes([KIND_STATE]) + struct.pack(">H", DIFF_VERSION + 1) + b"{}"
+    with pytest.raises(CorruptObject, match="newer than this library's 3; upgrade"):
         unframe("k", _reframe(body), KIND_STATE)

@@ -38,7 +38,9 @@ from persist.url import Location, open_location
 from tests.helpers import mem_url
 from tests.persist.model import SCHEMA, ShardModel, Update, consolidate, drain_listen, shard_blob_keys, upd
 
-WRITE_OPS = [Op.CAS, Op.HEAD, Op.BLOB_SET]
+WRITE_OPS = [Op.CAS, Op.HEAD, Op.SCAN, Op.BLOB_SET]
+# (a handle a few versions behind catches up with a scan; HEAD only when further behind)
+MUST_FAIL_OPS = [Op.CAS, Op.SCAN, Op.BLOB_SET]
 
 
 @dataclass
@@ -152,7 +154,7 @@ def test_appends_under_random_faults_are_exactly_once(
         model.append(ups, lo, hi)
 
     store.faults.clear()
-    injected = {op: store.faults.counters[op].injected for op in WRITE_OPS}
+    injected = {op: store.faults.counters[op].injected for op in MUST_FAIL_OPS}
     assert all(injected.values()), f"every faulted op failed at least once: {injected}"
     if deadline == 0:
         assert stats["blob retries"] > 0 and stats["consensus retries"] > 0, stats
@@ -411,8 +413,15 @@ def test_corrupt_state_version_raises_naming_the_key(backend: tuple[str, Path | 
         with pytest.raises(CorruptObject):
             w.compare_and_append([upd(2, "b", 1)], 1, 2)
     else:
-        # the writer's cache is the good copy of the damaged head: its next version is whole
+        # the writer's cache is the good copy of the damaged head: its next version, a diff
+        # on that copy, lands; a fresh reader needs the damaged version too, and says so
         w.compare_and_append([upd(2, "b", 1)], 1, 2)
+        with pytest.raises(CorruptObject, match="CRC-32C mismatch") as e:
+            PersistClient.open(url, quiet_config()).open_leased_reader(shard, SCHEMA)
+        assert e.value.key == f"consensus {shard} seqno {seq}"
+        # once a version past it is whole (a rollup), the damaged one is needed no more
+        for i in range(2, 2 + quiet_config().state_rollup_every):
+            w.compare_and_append([], i, i + 1)
         r = PersistClient.open(url).open_leased_reader(shard, SCHEMA)
         assert r.snapshot_and_fetch(1) == [upd(1, "a", 1), upd(2, "b", 1)]
 

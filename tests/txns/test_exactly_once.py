@@ -91,6 +91,7 @@ def test_a_landed_commit_whose_reread_fails_is_indeterminate_and_commits_once(ho
     else:
         trick.armed = True
     faults.fail_next(Op.HEAD, Fault.DETERMINATE, n=10_000)  # every read fails past the deadline
+    faults.fail_next(Op.SCAN, Fault.DETERMINATE, n=10_000)  # (a cached handle catches up with a scan)
     with pytest.raises(Indeterminate):
         txn.commit_at(h, 2)
     faults.clear()
@@ -109,11 +110,13 @@ def test_machine_reports_indeterminate_for_any_failure_after_a_possible_write() 
     w = h.data_writer(d0)
     faults.fail_next(Op.CAS, Fault.AFTER)
     faults.fail_next(Op.HEAD, Fault.DETERMINATE, n=10_000)
+    faults.fail_next(Op.SCAN, Fault.DETERMINATE, n=10_000)
     with pytest.raises(Indeterminate):
         w.compare_and_append_batch([], w.upper, w.upper + 1)
     faults.clear()
     # and a failure before anything was sent stays Determinate
     faults.fail_next(Op.HEAD, Fault.DETERMINATE, n=10_000)
+    faults.fail_next(Op.SCAN, Fault.DETERMINATE, n=10_000)
     with pytest.raises(Determinate):
         w.fetch_recent_upper()
 
