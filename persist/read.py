@@ -10,7 +10,7 @@ changes only by compare-and-downgrade on its opaque token (fencing).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +126,28 @@ class ReadHandle:
         self._machine.apply(transition)
         self._since = max(self._since, since)
         self._heartbeat_ms = self.config.clock_ms()
+
+    def renewal(self, since: int) -> Callable[[ShardState], None]:
+        """This reader's lease renewal and hold advance to ``since``, as a change to make inside
+        another write to the same shard (``WriteHandle.compare_and_append(also=)``): a hold that
+        moves with every commit, at no extra write. Call :meth:`renewed` once that write landed.
+
+        A reader whose lease has lapsed is left out (its next own write raises ``LeaseExpired``).
+        """
+        check_ts(since, "since")
+        lease_ms = int(self.config.reader_lease_s * 1000)
+
+        def change(s: ShardState) -> None:
+            if not self._expired and self.reader_id in s.leased:
+                s.renew_leased_reader(self.reader_id, self.config.clock_ms(), lease_ms, since)
+
+        return change
+
+    def renewed(self, since: int) -> None:
+        """Record that a write carrying :meth:`renewal` ``(since)`` landed."""
+        if self.reader_id in self._machine.state().leased:
+            self._since = max(self._since, since)
+            self._heartbeat_ms = self.config.clock_ms()
 
     def expire(self) -> None:
         """Release this reader's hold now. The handle cannot be used after."""

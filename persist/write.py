@@ -109,6 +109,7 @@ class WriteHandle:
         new_upper: int,
         token: str | None = None,
         before_write: Callable[[], None] | None = None,
+        also: Callable[[ShardState], None] | None = None,
     ) -> None:
         """Append ``updates`` iff the shard's upper is ``expected_upper``; advance it to ``new_upper``.
 
@@ -120,6 +121,9 @@ class WriteHandle:
         the write meanwhile: the file store writes and syncs the new state's
         temp file first); not called when the upper differs; if it raises,
         nothing is appended (and the batch's parts are deleted).
+        ``also``: another change to carry in the same write when it appends
+        (for example ``ReadHandle.renewal``: a reader's hold moved at no
+        extra write); it must only touch what its owner owns.
 
         Afterwards :attr:`appended` tells whether this call appended
         ``updates`` (False: the token showed an earlier call's append, whose
@@ -143,7 +147,7 @@ class WriteHandle:
 
         try:
             appended = self._append_batches(
-                [batch], expected_upper, new_upper, token, ready if before_write is not None else None
+                [batch], expected_upper, new_upper, token, ready if before_write is not None else None, also
             )
         except BaseException as e:
             if isinstance(e, UpperMismatch) or failed:
@@ -181,6 +185,7 @@ class WriteHandle:
         new_upper: int,
         token: str | None,
         ready: Callable[[], None] | None = None,
+        also: Callable[[ShardState], None] | None = None,
     ) -> bool:
         """compare_and_append_batch; False if the append had already happened (token seen).
 
@@ -210,6 +215,8 @@ class WriteHandle:
             now = self.config.clock_ms()
             if not s.append(self.writer_id, token, runs, expected_upper, new_upper, now, lease_ms):
                 return False, changed
+            if also is not None:
+                also(s)
             return True, True
 
         appended = self._machine.apply(transition, ready)

@@ -311,6 +311,22 @@ class TxnsCache:
         elif self.reader is not None:
             self.reader.heartbeat(force=True)
 
+    def hold_renewal(self) -> tuple[Callable[[ShardState], None], int] | None:
+        """This cache's hold moved up to ``frontier - 1`` and its lease renewed, as a change for the
+        caller's own write to the txns shard (a commit): the hold then keeps up with every commit at
+        no extra write, so compaction can consolidate the txns shard's history as soon as it is
+        applied. None without a hold. Call :meth:`hold_renewed` with the hold once the write landed.
+        """
+        if self.reader is None:
+            return None
+        hold = max(self._held, self.frontier - 1)
+        return self.reader.renewal(hold), hold
+
+    def hold_renewed(self, hold: int) -> None:
+        if self.reader is not None:
+            self._held = max(self._held, hold)
+            self.reader.renewed(hold)
+
     def release(self) -> None:
         """Drop this cache's hold on the txns shard (if it has one)."""
         if self.reader is not None:

@@ -570,11 +570,16 @@ class TxnsHandle:
             for fn in ready:
                 fn()
 
+        # (the cache's hold rides along: it moves with every commit, at no extra write)
+        renewal = self.cache.hold_renewal()
+        also = renewal[0] if renewal is not None else None
         try:
-            self.writer.compare_and_append(updates, upper, ts + 1, token=token, before_write=before_write)
+            self.writer.compare_and_append(updates, upper, ts + 1, token=token, before_write=before_write, also=also)
         except UpperMismatch as e:
             self.cache.update_ge(e.current, wait_s=0)
             return False
+        if renewal is not None and self.writer.appended:
+            self.cache.hold_renewed(renewal[1])
         if self.writer.appended:
             self.cache.absorb_appended(updates, upper, ts + 1)
         else:
