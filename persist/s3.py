@@ -57,6 +57,7 @@ READ_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 3
 
 _SEQNO_RE = re.compile(r"^[0-9]{20}$")
+MAX_POOL_CONNECTIONS = 64
 _SCAN_GETS = 8  # versions a scan fetches at once (a reader catching up on a chain of state diffs)
 _scan_lock = threading.Lock()
 _scan_pool: ThreadPool | None = None
@@ -119,6 +120,8 @@ def make_client(
         read_timeout=read_timeout,
         retries={"mode": "standard", "total_max_attempts": max_attempts},
         s3={"addressing_style": "path"} if endpoint_url else None,
+        # (txns applies up to 64 data shards at once; boto3's default pool keeps 10 connections)
+        max_pool_connections=MAX_POOL_CONNECTIONS,
     )
     session = boto3.session.Session()
     client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)

@@ -32,9 +32,10 @@ import contextvars
 import functools
 import itertools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 import pyarrow as pa
@@ -48,6 +49,7 @@ from persist import (
     ShardId,
     SinceHandle,
     SnapshotPlan,
+    ThreadPool,
     UpperMismatch,
     WriteHandle,
     check_ts,
@@ -78,6 +80,49 @@ def _operation(what: str) -> Callable[[F], F]:
         return cast(F, run)
 
     return wrap
+
+APPLY_PARALLELISM = 64
+"""Data shards applied (and then maintained) at once by ``apply_le``: each is one small
+conditional write, so they overlap their round trips (a commit that touched K tables
+becomes readable in about K / 64 round trips, not K)."""
+
+
+_apply_lock = threading.Lock()
+_apply_pool: ThreadPool | None = None
+_apply_pid: int | None = None
+_in_apply_pool = threading.local()
+
+
+def _each(fn: Callable[[str], None], items: list[str]) -> None:
+    """``fn`` on every item, up to ``APPLY_PARALLELISM`` at once, each in a copy of this context
+    (so its writes count for the caller's operation); the first failure (in order) is raised
+    once all ran.
+
+    The threads are kept between calls (starting 64 threads for every apply cost more than the
+    applies on a busy machine). A call from one of them runs inline, so nothing waits on itself.
+    """
+    global _apply_pool, _apply_pid
+    if len(items) <= 1 or getattr(_in_apply_pool, "yes", False):
+        for x in items:
+            fn(x)
+        return
+    with _apply_lock:
+        if _apply_pool is None or _apply_pid != os.getpid():
+            _apply_pool, _apply_pid = ThreadPool(APPLY_PARALLELISM, "txns-apply"), os.getpid()
+        pool = _apply_pool
+
+    def run(ctx: contextvars.Context, x: str) -> None:
+        _in_apply_pool.yes = True
+        try:
+            ctx.run(fn, x)
+        finally:
+            _in_apply_pool.yes = False
+
+    futures = [pool.submit(run, contextvars.copy_context(), x) for x in items]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    if errors:
+        raise errors[0]
+
 
 CRITICAL_READER = "txns-critical-since"
 TXNS_INLINE_MAX = 256 << 10
@@ -626,20 +671,17 @@ class TxnsHandle:
             # one shard's commits strictly in time order; shards are independent
             for at, group in per_shard[d]:
                 self._apply_one(d, at, group)
-            # Maintenance (compaction) the applies asked for, after them, so the
-            # applies themselves stay metadata only.
+
+        def maintain_shard(d: str) -> None:
             self.data_writer(d).maintain()
 
         for d in per_shard:
             self.data_writer(d)  # open writers here, not racing in the pool
-        if len(per_shard) > 1:
-            # each task runs in a copy of this context, so its writes count for this operation
-            tasks = [(contextvars.copy_context(), d) for d in sorted(per_shard)]
-            with ThreadPoolExecutor(max_workers=min(8, len(per_shard))) as pool:
-                list(pool.map(lambda t: t[0].run(apply_shard, t[1]), tasks))
-        else:
-            for d in per_shard:
-                apply_shard(d)
+        # Every shard's apply first (in parallel): the commit is readable once they
+        # have all landed. Then the maintenance (compaction) the applies asked for,
+        # so that no shard's apply waits behind another shard's compaction.
+        _each(apply_shard, sorted(per_shard))
+        _each(maintain_shard, sorted(per_shard))
         for groups in per_shard.values():
             for _, applied in groups:
                 tidy.entries.update(applied)
