@@ -34,10 +34,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from persist._internal.codec import KIND_STATE, unframe
 from persist._internal.retry import backoff
 from persist._internal.state import ShardState
-from persist._internal.state_diff import diff_base, encode_version, read_version
+from persist._internal.state_diff import encode_version, read_version
 from persist.config import PersistConfig
 from persist.errors import Determinate, ExternalError, Indeterminate, UpperMismatch, note_write
 from persist.location import CaSResult, Consensus, VersionedData
@@ -92,7 +91,7 @@ class Machine:
     def _replay(self, state: ShardState | None, versions: list[VersionedData]) -> ShardState | None:
         """``state`` moved through ``versions`` (consecutive, oldest first); None at a diff it cannot apply."""
         for v in versions:
-            state = read_version(self._where(v.seqno), v.data, v.seqno, state)
+            state, _ = read_version(self._where(v.seqno), v.data, v.seqno, state)
             if state is None:
                 return None
         return state
@@ -119,10 +118,9 @@ class Machine:
                 return ShardState(shard_id=self.shard_id)
             if cached is not None and cached.seqno == head.seqno:
                 return cached
-            state = read_version(self._where(head.seqno), head.data, head.seqno, None)
+            state, base = read_version(self._where(head.seqno), head.data, head.seqno, None)
             if state is not None:
                 return state  # a rollup
-            base, _ = diff_base(self._where(head.seqno), unframe(self._where(head.seqno), head.data, KIND_STATE))
             start: ShardState | None = None
             first = base
             if cached is not None and cached.seqno is not None and base <= cached.seqno < head.seqno:

@@ -207,11 +207,16 @@ class ShardState:
         version, payload = unframe_versioned(key, data, KIND_STATE)
         if version == DIFF_VERSION:
             raise CorruptObject(key, "a state diff where a whole state was expected")
+        return ShardState.from_payload(key, payload, seqno, len(data))
+
+    @staticmethod
+    def from_payload(key: str, payload: bytes, seqno: int, framed_size: int) -> ShardState:
+        """A whole state from its unframed JSON (``framed_size``: the bytes it was read from)."""
         try:
             state = ShardState.from_json(json.loads(payload), seqno)
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptObject(key, f"not a shard state: {e!r}") from None
-        state.chain = Chain(seqno, 0, 0, len(data))
+        state.chain = Chain(seqno, 0, 0, framed_size)
         return state
 
     def clone(self) -> ShardState:

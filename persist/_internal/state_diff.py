@@ -150,26 +150,26 @@ def apply_diff(prev: ShardState, j: dict[str, Any], where: str) -> ShardState:
     return new
 
 
-def read_version(where: str, data: bytes, seqno: int, prev: ShardState | None) -> ShardState | None:
-    """The state at ``seqno`` from that version's bytes: a rollup on its own, a diff on ``prev``.
+def read_version(where: str, data: bytes, seqno: int, prev: ShardState | None) -> tuple[ShardState | None, int]:
+    """The state at ``seqno`` from that version's bytes (a rollup on its own, a diff on ``prev``), and its base.
 
     ``prev``: the state at ``seqno - 1`` (or anything: it is only used when
-    it is that one). None when the version is a diff and ``prev`` is not
-    its previous version (the caller reads further back).
+    it is that one). The state is None when the version is a diff and
+    ``prev`` is not its previous version: the caller reads from the base.
     """
     version, payload = unframe_versioned(where, data, KIND_STATE)
     if version != DIFF_VERSION:
-        return ShardState.decode(where, data, seqno)
-    if prev is None or prev.seqno != seqno - 1:
-        return None
+        return ShardState.from_payload(where, payload, seqno, len(data)), seqno
     base, j = diff_base(where, payload)
+    if prev is None or prev.seqno != seqno - 1:
+        return None, base
     new = apply_diff(prev, j, where)
     new.seqno = seqno
     chain = prev.chain
     if chain is None or chain.base != base:
         chain = Chain(base, 0, 0, 0)  # (unknown weight: the next write is a rollup)
     new.chain = chain.extended(len(data))
-    return new
+    return new, base
 
 
 def encode_version(prev: ShardState, new: ShardState, seqno: int, rollup_every: int) -> tuple[bytes, Chain]:

@@ -128,14 +128,14 @@ def test_a_diff_applied_to_the_previous_version_gives_exactly_the_new_one(data: 
     framed = encode_diff(prev, new, 3)
     decoded_prev = ShardState.decode("k", prev.encode(), 5)
     decoded_prev.chain = prev.chain
-    got = read_version("k", framed, 6, decoded_prev)
-    assert got is not None
+    got, base = read_version("k", framed, 6, decoded_prev)
+    assert got is not None and base == 3
     new.seqno = 6
     assert got == new
     assert got.to_json() == new.to_json()
     assert got.chain == Chain(3, 3, 100 + len(framed), 10**6)
     # and on the writer's own objects
-    again = read_version("k", framed, 6, prev)
+    again, _ = read_version("k", framed, 6, prev)
     assert again == new
 
 
@@ -172,9 +172,9 @@ def test_a_diff_needs_its_previous_version() -> None:
     new = prev.clone()
     new.upper = 7
     data = encode_diff(prev, new, 1)
-    assert read_version("k", data, 2, None) is None
-    assert read_version("k", data, 3, prev) is None  # prev is seqno 1, the diff follows seqno 2
-    assert read_version("k", data, 2, prev) == ShardState(shard_id="s1", upper=7, seqno=2)
+    assert read_version("k", data, 2, None) == (None, 1)
+    assert read_version("k", data, 3, prev) == (None, 1)  # prev is seqno 1, the diff follows seqno 2
+    assert read_version("k", data, 2, prev) == (ShardState(shard_id="s1", upper=7, seqno=2), 1)
 
 
 # ---- through a real store ------------------------------------------------------------
