@@ -127,21 +127,12 @@ def makedirs_durable(*paths: Path) -> None:
 # Directory fsyncs that run alongside the calling thread's own sync (see FileConsensus):
 # a few threads of their own (each fsync starts at once), made again in a forked child.
 _SYNC_THREADS = 4
-_sync_lock = threading.Lock()
-_sync_pool: ThreadPool | None = None
-_sync_pid: int | None = None
 
 
 def _fsync_dir_soon(path: Path) -> Future[None]:
     """``fsync_dir(path)``, started on another thread (at once, inline, once the interpreter is exiting)."""
-    global _sync_pool, _sync_pid
-    with _sync_lock:
-        if _sync_pool is None or _sync_pid != os.getpid():
-            _sync_pool = ThreadPool(_SYNC_THREADS, "persist-fsync")
-            _sync_pid = os.getpid()
-        pool = _sync_pool
     try:
-        return pool.submit(fsync_dir, path)
+        return ThreadPool.of_process("persist-fsync", _SYNC_THREADS).submit(fsync_dir, path)
     except RuntimeError:  # (shutting down: no new threads)
         done: Future[None] = Future()
         try:

@@ -29,7 +29,6 @@ thread-safe).
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -59,21 +58,13 @@ MAX_ATTEMPTS = 3
 _SEQNO_RE = re.compile(r"^[0-9]{20}$")
 MAX_POOL_CONNECTIONS = 64
 _SCAN_GETS = 8  # versions a scan fetches at once (a reader catching up on a chain of state diffs)
-_scan_lock = threading.Lock()
-_scan_pool: ThreadPool | None = None
-_scan_pid: int | None = None
 
 
 def _map(fn: Callable[[int], T], items: list[int]) -> list[T]:
     """``[fn(x) for x in items]``, run on a shared pool when there is more than one."""
-    global _scan_pool, _scan_pid
     if len(items) <= 1:
         return [fn(x) for x in items]
-    with _scan_lock:
-        if _scan_pool is None or _scan_pid != os.getpid():
-            _scan_pool = ThreadPool(_SCAN_GETS, "persist-s3-scan")
-            _scan_pid = os.getpid()
-        pool = _scan_pool
+    pool = ThreadPool.of_process("persist-s3-scan", _SCAN_GETS)
     try:
         futures = [pool.submit(fn, x) for x in items]
     except RuntimeError:  # (shutting down: no new threads)

@@ -32,7 +32,6 @@ import contextvars
 import functools
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -87,10 +86,7 @@ conditional write, so they overlap their round trips (a commit that touched K ta
 becomes readable in about K / 64 round trips, not K)."""
 
 
-_apply_lock = threading.Lock()
-_apply_pool: ThreadPool | None = None
-_apply_pid: int | None = None
-_in_apply_pool = threading.local()
+_APPLY_POOL = "txns-apply"
 
 
 def _each(fn: Callable[[str], None], items: list[str]) -> None:
@@ -101,24 +97,12 @@ def _each(fn: Callable[[str], None], items: list[str]) -> None:
     The threads are kept between calls (starting 64 threads for every apply cost more than the
     applies on a busy machine). A call from one of them runs inline, so nothing waits on itself.
     """
-    global _apply_pool, _apply_pid
-    if len(items) <= 1 or getattr(_in_apply_pool, "yes", False):
+    if len(items) <= 1 or threading.current_thread().name.startswith(_APPLY_POOL):
         for x in items:
             fn(x)
         return
-    with _apply_lock:
-        if _apply_pool is None or _apply_pid != os.getpid():
-            _apply_pool, _apply_pid = ThreadPool(APPLY_PARALLELISM, "txns-apply"), os.getpid()
-        pool = _apply_pool
-
-    def run(ctx: contextvars.Context, x: str) -> None:
-        _in_apply_pool.yes = True
-        try:
-            ctx.run(fn, x)
-        finally:
-            _in_apply_pool.yes = False
-
-    futures = [pool.submit(run, contextvars.copy_context(), x) for x in items]
+    pool = ThreadPool.of_process(_APPLY_POOL, APPLY_PARALLELISM)
+    futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
     errors = [e for e in (f.exception() for f in futures) if e is not None]
     if errors:
         raise errors[0]

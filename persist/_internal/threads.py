@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -107,6 +108,17 @@ class ThreadPool(Executor):
                     f.set_result(result)
             del f, fn, args, kwargs
 
+    @staticmethod
+    def of_process(name: str, max_workers: int) -> ThreadPool:
+        """This process's pool called ``name`` (made on first use, and made again in a forked child,
+        which inherits no threads)."""
+        with _shared_lock:
+            pid = os.getpid()
+            got = _shared.get(name)
+            if got is None or got[0] != pid:
+                got = _shared[name] = (pid, ThreadPool(max_workers, name))
+            return got[1]
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new submissions; idle threads end (busy ones after their tasks and what is queued)."""
         with self._lock:
@@ -118,5 +130,8 @@ class ThreadPool(Executor):
         for i in idle:
             i.wake.release()  # (with no task: the thread ends)
 
+
+_shared_lock = threading.Lock()
+_shared: dict[str, tuple[int, ThreadPool]] = {}  # name -> (the pid that made it, the pool)
 
 __all__ = ["ThreadPool"]

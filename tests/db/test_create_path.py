@@ -54,6 +54,17 @@ def test_the_pool_runs_submissions_at_once_on_their_own_threads() -> None:
         p.submit(lambda: None)
 
 
+def test_a_process_has_one_pool_per_name_and_a_forked_child_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = Pool.of_process("test-shared", 2)
+    assert Pool.of_process("test-shared", 2) is a
+    assert Pool.of_process("test-shared-other", 2) is not a
+    real = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: real + 1)  # (as a forked child sees it)
+    child = Pool.of_process("test-shared", 2)
+    assert child is not a and Pool.of_process("test-shared", 2) is child
+    assert child.submit(lambda: 7).result(10) == 7
+
+
 def test_a_submission_cancelled_before_it_starts_does_not_run() -> None:
     p = Pool(1, "test-pool-1")
     try:

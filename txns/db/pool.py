@@ -23,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -37,19 +36,9 @@ NAME = "txns-db-io"
 T = TypeVar("T")
 R = TypeVar("R")
 
-_lock = threading.Lock()
-_pool: ThreadPool | None = None
-_pid: int | None = None
-
-
 def pool() -> ThreadPool:
     """The process's pool (created on first use, and again in a forked child)."""
-    global _pool, _pid
-    with _lock:
-        if _pool is None or _pid != os.getpid():
-            _pool = ThreadPool(THREADS, NAME)
-            _pid = os.getpid()
-        return _pool
+    return ThreadPool.of_process(NAME, THREADS)
 
 
 def in_pool() -> bool:
