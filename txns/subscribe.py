@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from persist import ExternalError, PersistClient, Progress, ShardId, Updates
+from persist import ExternalError, PersistClient, Progress, ReadTimeout, ShardId, Updates
 from persist.read import Listen
 from persist.schema import check_ts
 from txns.cache import ListenKind
@@ -69,7 +69,11 @@ class DataSubscribe:
         return self.until is not None and self.frontier is not None and self.frontier >= self.until
 
     def step(self, wait_s: float = 0.0) -> list[Updates | Progress]:
-        """The events available now (waiting up to ``wait_s`` for the txns shard to advance)."""
+        """The events available now (waiting up to ``wait_s`` for the txns shard to advance).
+
+        A storage failure that outlasts persist's retries raises (``Determinate`` or
+        ``Indeterminate``); the subscription stays where it was, and the next step goes on from there.
+        """
         h, cache = self.handle, self.handle.cache
         if self._done():
             return []
@@ -81,7 +85,7 @@ class DataSubscribe:
         if nxt.kind is ListenKind.WAIT:
             try:
                 cache.update_gt(self.frontier, wait_s=wait_s)
-            except Exception:  # noqa: BLE001 - ReadTimeout: nothing new yet
+            except ReadTimeout:  # nothing new yet (a storage failure is the caller's to hear)
                 return []
             nxt = cache.data_listen_next(self.data_id, self.frontier)
             if nxt.kind is ListenKind.WAIT:
