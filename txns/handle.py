@@ -80,6 +80,9 @@ def _operation(what: str) -> Callable[[F], F]:
 
     return wrap
 
+DATA_MAINTAIN_BATCHES = 4
+"""``apply_le`` runs a data shard's maintenance (compaction, GC) once it holds this many batches
+(or parts wait for GC)."""
 APPLY_PARALLELISM = 64
 """Data shards applied (and then maintained) at once by ``apply_le``: each is one small
 conditional write, so they overlap their round trips (a commit that touched K tables
@@ -657,7 +660,12 @@ class TxnsHandle:
                 self._apply_one(d, at, group)
 
         def maintain_shard(d: str) -> None:
-            self.data_writer(d).maintain()
+            w = self.data_writer(d)
+            state = w.shard.state()
+            # (lazily: an apply adds one small batch, and merging every second one cost a
+            # conditional write for most applies; a few small batches cost a read nothing)
+            if len(state.batches) >= DATA_MAINTAIN_BATCHES or state.garbage:
+                w.maintain()
 
         for d in per_shard:
             self.data_writer(d)  # open writers here, not racing in the pool
