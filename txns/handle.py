@@ -80,15 +80,14 @@ def _operation(what: str) -> Callable[[F], F]:
 
     return wrap
 
+
 DATA_MAINTAIN_BATCHES = 4
 """``apply_le`` runs a data shard's maintenance (compaction, GC) once it holds this many batches
-(or parts wait for GC)."""
+(or retired parts are past their grace period)."""
 APPLY_PARALLELISM = 64
 """Data shards applied (and then maintained) at once by ``apply_le``: each is one small
 conditional write, so they overlap their round trips (a commit that touched K tables
 becomes readable in about K / 64 round trips, not K)."""
-
-
 _APPLY_POOL = "txns-apply"
 
 
@@ -660,11 +659,12 @@ class TxnsHandle:
                 self._apply_one(d, at, group)
 
         def maintain_shard(d: str) -> None:
+            # Lazily: an apply adds one small batch, and the size-tiered policy merged after
+            # most of them (a conditional write each); a few more batches cost reads little.
             w = self.data_writer(d)
             state = w.shard.state()
-            # (lazily: an apply adds one small batch, and merging every second one cost a
-            # conditional write for most applies; a few small batches cost a read nothing)
-            if len(state.batches) >= DATA_MAINTAIN_BATCHES or state.garbage:
+            gc_due = w.config.clock_ms() - int(w.config.part_grace_s * 1000)
+            if len(state.batches) >= DATA_MAINTAIN_BATCHES or any(at <= gc_due for _, at in state.garbage):
                 w.maintain()
 
         for d in per_shard:
