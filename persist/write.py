@@ -324,19 +324,23 @@ class WriteHandle:
         state = self.shard.fetch()
         return {"before": before, "after": _counts(state), "since": state.since, "merged_all": merged_all}
 
+    def garbage_due(self) -> bool:
+        """Whether a retired part is past its grace period (by the cached state): something to collect."""
+        grace_ms = int(self.config.part_grace_s * 1000)
+        return bool(self._machine.state().garbage_due(self.config.clock_ms() - grace_ms))
+
     def collect_garbage(self) -> int:
         """Delete retired parts older than the grace period; forget them in the state."""
         with operation("collect_garbage"):
             return self._collect_garbage()
 
     def _collect_garbage(self) -> int:
+        if not self.garbage_due():
+            return 0
         state = self._machine.state()
         now, grace_ms = self.config.clock_ms(), int(self.config.part_grace_s * 1000)
-        due = [k for k, at in state.garbage if at <= now - grace_ms]
-        if not due:
-            return 0
         horizon = gc_horizon(self.blob, str(self.shard_id), now, grace_ms)  # live part holds may keep some
-        due = [k for k, at in state.garbage if at <= horizon]
+        due = state.garbage_due(horizon)
         if not due:
             return 0
         note_write()

@@ -609,9 +609,9 @@ class TxnsHandle:
         except UpperMismatch as e:
             self.cache.update_ge(e.current, wait_s=0)
             return False
-        if renewal is not None and self.writer.appended:
-            self.cache.hold_renewed(renewal[1])
         if self.writer.appended:
+            if renewal is not None:
+                self.cache.hold_renewed(renewal[1])
             self.cache.absorb_appended(updates, upper, ts + 1)
         else:
             self.cache.sync_cached()
@@ -662,9 +662,7 @@ class TxnsHandle:
             # Lazily: an apply adds one small batch, and the size-tiered policy merged after
             # most of them (a conditional write each); a few more batches cost reads little.
             w = self.data_writer(d)
-            state = w.shard.state()
-            gc_due = w.config.clock_ms() - int(w.config.part_grace_s * 1000)
-            if len(state.batches) >= DATA_MAINTAIN_BATCHES or any(at <= gc_due for _, at in state.garbage):
+            if len(w.shard.state().batches) >= DATA_MAINTAIN_BATCHES or w.garbage_due():
                 w.maintain()
 
         for d in per_shard:

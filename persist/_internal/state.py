@@ -450,6 +450,10 @@ class ShardState:
         self.garbage.extend((k, now_ms) for k in sorted(old_keys - live))
         return True
 
+    def garbage_due(self, retired_by_ms: int) -> list[str]:
+        """The retired parts retired at or before ``retired_by_ms``."""
+        return [k for k, at in self.garbage if at <= retired_by_ms]
+
     def compaction_request(self, max_bytes: int) -> list[HollowBatch] | None:
         """The tail of batches a size-tiered policy wants merged, if any.
 
