@@ -9,6 +9,10 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from persist import PersistClient, PersistConfig
+from persist.unreliable import Faults, UnreliableBlob, UnreliableConsensus
+from persist.url import Location, open_location
+
 REPO = Path(__file__).resolve().parents[1]
 """The repository root (subprocesses run there: ``python -m tests.chaos.bank``, ``python -m txns``)."""
 README = REPO / "README.md"
@@ -22,3 +26,12 @@ def mem_url(prefix: str = "test") -> str:
 def file_url(path: Path) -> str:
     """The ``file://`` URL of the absolute directory ``path``."""
     return f"file://{path}"
+
+
+def faulty_client(url: str, faults: Faults, config: PersistConfig | None = None) -> PersistClient:
+    """A client on ``url`` whose storage calls go through the fault-injecting wrappers of ``faults``
+    (with no fault rates set they only count: ``faults.counters``)."""
+    loc = open_location(url)
+    return PersistClient(
+        Location(url, UnreliableBlob(loc.blob, faults), UnreliableConsensus(loc.consensus, faults)), config
+    )

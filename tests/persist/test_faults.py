@@ -33,9 +33,8 @@ from persist import (
     UpperMismatch,
     WriteHandle,
 )
-from persist.unreliable import Fault, Faults, Op, UnreliableBlob, UnreliableConsensus
-from persist.url import Location, open_location
-from tests.helpers import mem_url
+from persist.unreliable import Fault, Faults, Op
+from tests.helpers import faulty_client, mem_url
 from tests.persist.model import SCHEMA, ShardModel, Update, consolidate, drain_listen, shard_blob_keys, upd
 
 WRITE_OPS = [Op.CAS, Op.HEAD, Op.SCAN, Op.BLOB_SET]
@@ -61,11 +60,7 @@ class Store:
 
 def make_store(url: str, config: PersistConfig, root: Path | None = None, seed: int = 0) -> Store:
     faults = Faults(seed=seed)
-    loc = open_location(url)
-    faulty = PersistClient(
-        Location(url, UnreliableBlob(loc.blob, faults), UnreliableConsensus(loc.consensus, faults)), config
-    )
-    return Store(url, faults, faulty, PersistClient.open(url, config), root)
+    return Store(url, faults, faulty_client(url, faults, config), PersistClient.open(url, config), root)
 
 
 @pytest.fixture(params=["mem", "file"])

@@ -31,9 +31,8 @@ from persist._internal.state import (
     WriterState,
 )
 from persist._internal.state_diff import encode_diff, encode_version, read_version
-from persist.unreliable import Faults, Op, UnreliableBlob, UnreliableConsensus
-from persist.url import Location, open_location
-from tests.helpers import mem_url
+from persist.unreliable import Faults, Op
+from tests.helpers import faulty_client, mem_url
 from tests.persist.model import SCHEMA, upd
 
 # ---- random states and transitions --------------------------------------------
@@ -181,21 +180,14 @@ def test_a_diff_needs_its_previous_version() -> None:
 # ---- through a real store ------------------------------------------------------------
 
 
-def _counted(url: str, config: PersistConfig) -> tuple[PersistClient, Faults]:
-    faults = Faults(seed=0)  # (no rates set: it only counts)
-    loc = open_location(url)
-    return PersistClient(
-        Location(url, UnreliableBlob(loc.blob, faults), UnreliableConsensus(loc.consensus, faults)), config
-    ), faults
-
-
 def test_readers_from_nothing_and_from_behind_see_what_the_writer_wrote() -> None:
     url = mem_url("diffs")
     config = PersistConfig(inline_max_bytes=4096, compaction_enabled=False, state_rollup_every=8)
     writer = PersistClient.open(url, config)
     shard = ShardId.new()
     w = writer.open_writer(shard, SCHEMA)
-    behind, faults = _counted(url, config)
+    faults = Faults(seed=0)  # (no rates set: it only counts)
+    behind = faulty_client(url, faults, config)
     follower = behind.open_leased_reader(shard, SCHEMA)
     kinds = []
     for i in range(40):
@@ -278,7 +270,6 @@ def test_racing_writers_with_truncation_lose_nothing() -> None:
     PersistClient.open(url, config).open_writer(shard, SCHEMA)
     per_writer, writers = 25, 4
     errors: list[BaseException] = []
-    lost = [0]  # (12-24 lost races per run when measured)
     start = threading.Barrier(writers)
 
     def write(w: int) -> None:
@@ -292,8 +283,7 @@ def test_racing_writers_with_truncation_lose_nothing() -> None:
                     try:
                         handle.compare_and_append([upd(k, f"w{w}", upper)], upper, upper + 1)
                         break
-                    except UpperMismatch:
-                        lost[0] += 1
+                    except UpperMismatch:  # (12-24 lost races per run, when measured)
                         continue
         except BaseException as e:  # noqa: BLE001 - re-raised by the test below
             errors.append(e)

@@ -9,9 +9,8 @@ compare-and-append carries the hold (``TxnsCache.hold_renewal``).
 from __future__ import annotations
 
 from persist import PersistClient, PersistConfig
-from persist.unreliable import Faults, Op, UnreliableBlob, UnreliableConsensus
-from persist.url import Location, open_location
-from tests.helpers import mem_url
+from persist.unreliable import Faults, Op
+from tests.helpers import faulty_client, mem_url
 from tests.txns.model import SCHEMA, new_id
 from txns import TxnsHandle
 
@@ -19,11 +18,8 @@ from txns import TxnsHandle
 def test_each_commit_moves_the_hold_and_writes_once() -> None:
     url = mem_url("hold")
     faults = Faults(seed=0)  # (counts only)
-    loc = open_location(url)
     config = PersistConfig(reader_lease_s=3600.0)  # the heartbeat never comes due in this test
-    client = PersistClient(
-        Location(url, UnreliableBlob(loc.blob, faults), UnreliableConsensus(loc.consensus, faults)), config
-    )
+    client = faulty_client(url, faults, config)
     h = TxnsHandle.open(client, new_id())
     h.maintain_on_commit = False  # (only the commits write the txns shard)
     d = new_id()
