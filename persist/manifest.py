@@ -30,6 +30,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -40,6 +41,7 @@ import pyarrow.compute as pc
 from persist._internal import parts as _parts
 from persist._internal.codec import crc32c
 from persist._internal.parts import (
+    IMPLIED_COLUMNS,
     PartRef,
     Run,
     apply_rewrite,
@@ -50,6 +52,7 @@ from persist._internal.parts import (
     keep_parts,
     part_written_ms,
     prune_runs,
+    read_part_table,
 )
 from persist._internal.retry import backoff
 from persist.errors import CorruptObject, PartRetired
@@ -136,17 +139,28 @@ def replan(read: Callable[[], T], attempts: int = REPLAN_ATTEMPTS) -> T:
     raise AssertionError("unreachable")
 
 
-def describe_part(key: str, data: bytes, rows: int, first_column: pa.Table) -> PartRef:
-    """The descriptor of a part written by someone else (Spark's Parquet writer) as ``data`` at ``key``.
+FILE_CHUNK_BYTES = 8 << 20
+"""How much of a file :func:`describe_file` reads at a time."""
 
-    Size and CRC-32C of ``data``; key bounds from ``first_column`` (a table
-    of the part's first column alone), exactly as persist's own writes compute them.
+
+def describe_file(key: str, path: str | os.PathLike[str], rows: int, first_column: pa.Table) -> PartRef:
+    """The descriptor of a part written by someone else (Spark's Parquet writer) to the file ``path``, as ``key``.
+
+    Size and CRC-32C of the file (read :data:`FILE_CHUNK_BYTES` at a time);
+    key bounds from ``first_column`` (a table of the part's first column
+    alone), exactly as persist's own writes compute them.
     """
+    size = crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(FILE_CHUNK_BYTES):
+            size += len(chunk)
+            crc = crc32c(chunk, crc)
     lo, hi = _parts.first_column_bounds(first_column)
-    return PartRef(key=key, rows=rows, size=len(data), crc=crc32c(data), lo=lo, hi=hi)
+    return PartRef(key=key, rows=rows, size=size, crc=crc, lo=lo, hi=hi)
 
 
 __all__ = [
+    "IMPLIED_COLUMNS",
     "REPLAN_ATTEMPTS",
     "CorruptObject",
     "PartRef",
@@ -159,11 +173,12 @@ __all__ = [
     "bound_values",
     "consolidate",
     "decode_inline",
-    "describe_part",
+    "describe_file",
     "fetch_part",
     "keep_parts",
     "part_written_ms",
     "prune_runs",
+    "read_part_table",
     "read_plan",
     "read_run",
     "replan",

@@ -302,16 +302,58 @@ def keep_parts(runs: tuple[Run, ...], keep: Callable[[PartRef], bool]) -> tuple[
     return tuple(out)
 
 
+IMPLIED_COLUMNS: dict[str, pa.Scalar] = {"ts": pa.scalar(0, pa.uint64()), "diff": pa.scalar(1, pa.int64())}
+"""Columns a part written by another engine may leave out, and the value of every row then.
+
+Spark's native write path leaves out ``ts`` (every row at time 0; the
+batch's ``ts_rewrite`` gives the real time) and, unless the DataFrame has a
+``diff`` column, ``diff`` (every row an insertion): writing two constant
+columns was about a fifth of that write's time. Persist's own parts always
+hold both.
+"""
+
+
+def read_part_table(
+    data: bytes,
+    columns: list[str] | None = None,
+    filter: pc.Expression | None = None,
+    opened: pq.ParquetFile | None = None,
+) -> pa.Table:
+    """``columns`` (None: all) of a part's checked Parquet bytes, ``filter`` applied.
+
+    A column of :data:`IMPLIED_COLUMNS` that the file leaves out is filled in
+    with its constant (before ``filter``, which may refer to it). ``opened``:
+    the caller's ``ParquetFile`` of ``data`` (its footer parsed once). Decode
+    failures raise as pyarrow raises them; callers report them as corrupt.
+    """
+    f = opened if opened is not None else pq.ParquetFile(pa.BufferReader(data))
+    names = f.schema_arrow.names
+    missing = [c for c in IMPLIED_COLUMNS if c not in names]
+    if not missing:
+        if filter is None:
+            return f.read(columns=columns)
+        return pq.read_table(pa.BufferReader(data), columns=columns, filters=filter)
+    # (a filter may name columns outside the projection: read them all then)
+    present = None if columns is None or filter is not None else [c for c in columns if c in names]
+    table = f.read(columns=present)
+    for name in missing:
+        value = IMPLIED_COLUMNS[name]
+        table = table.append_column(pa.field(name, value.type, nullable=False), pa.repeat(value, table.num_rows))
+    if filter is not None:
+        table = table.filter(filter)
+    return table if columns is None else table.select(columns)
+
+
 def decode_part(ref: PartRef, data: bytes | None, schema: pa.Schema) -> pa.Table:
     """The rows of part ``ref`` from its bytes, after checking size and CRC."""
     if data is None:
         raise MissingPart(ref.key)
     check_part_bytes(ref, data)
     try:
-        table = pq.read_table(io.BytesIO(data))
+        table = read_part_table(data)
     except Exception as e:  # noqa: BLE001 - any decode failure means corrupt
         raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
-    return table.replace_schema_metadata(None).cast(schema)
+    return table.replace_schema_metadata(None).select(schema.names).cast(schema)
 
 
 def check_part_bytes(ref: PartRef, data: bytes) -> None:

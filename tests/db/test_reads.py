@@ -318,3 +318,23 @@ def test_columns_may_be_any_iterable_of_names_read_once(tmp_path: Path) -> None:
         with pytest.raises(InvalidUsage, match="columns must be a list of column names"):
             tbl.to_arrow(columns=bad)
     db.close()
+
+
+def test_footer_stats_use_the_implied_constants_of_a_part_without_ts_or_diff() -> None:
+    """A part that leaves out ``ts`` and ``diff`` (Spark's native writes) has footer stats (ts 0, diff +1)."""
+    import io
+
+    from persist.manifest import IMPLIED_COLUMNS
+    from txns.db.scan import footer_stats
+
+    def meta(t: pa.Table) -> pq.FileMetaData:
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        return pq.read_metadata(io.BytesIO(buf.getvalue()))
+
+    kv = pa.table({"k": pa.array([3, 1, 2], pa.int64())})
+    assert footer_stats(meta(kv)) == (0, 1, 1)
+    assert footer_stats(meta(kv.append_column("diff", pa.array([2, -1, 1], pa.int64())))) == (0, -1, 2)
+    full = kv.append_column("ts", pa.array([5, 0, 4], pa.uint64())).append_column("diff", pa.array([1, 1, 1]))
+    assert footer_stats(meta(full)) == (5, 1, 1)
+    assert set(IMPLIED_COLUMNS) == {"ts", "diff"}

@@ -105,3 +105,41 @@ def test_a_native_write_makes_a_new_shards_directories_durable(spark, tmp_path: 
     blob = tmp_path / "store" / "blob"
     # the new entries (the shard's directory in blob/, parts/ in it) are durable, not only the parts' own
     assert str(blob) in synced and str(blob / d) in synced
+
+
+def test_readers_fill_in_the_columns_a_native_part_leaves_out(spark, tmp_path: Path) -> None:
+    """Native parts hold no ``ts`` (and no ``diff`` unless given): every reader sees time and +1 as if they did."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    url = f"file://{tmp_path}/db"
+    db = txns.connect(url)
+    db.create_table("t", pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())]))
+    before = db.latest()
+    data = [(i, f"n{i % 7}") for i in range(500)]
+    with db.transaction() as t:
+        t.insert("t", spark.createDataFrame(data, "id long, name string").repartition(2))
+    assert t.commit_info is not None and t.commit_info.ts is not None
+    ts = t.commit_info.ts
+    parts = list((tmp_path / "db" / "blob" / db.entry("t", ts).data_id / "parts").iterdir())
+    assert parts and all(pq.read_schema(p).names == ["id", "name"] for p in parts)  # neither ts nor diff
+
+    def rows(table: pa.Table) -> list[tuple]:
+        return sorted(zip(table.column("id").to_pylist(), table.column("name").to_pylist(), strict=True))
+
+    table = db.table("t")
+    assert rows(table.to_arrow()) == sorted(data)
+    assert rows(table.to_arrow(filter=pc.field("id") >= 490)) == sorted(data)[490:]  # a pushed filter
+    assert table.to_arrow(as_of=before).num_rows == 0
+    changes = table.changes(before + 1, ts + 1)
+    assert set(changes.column("ts").to_pylist()) == {ts} and set(changes.column("diff").to_pylist()) == {1}
+    assert changes.num_rows == 500
+    with db.transaction() as t:
+        t.retract("t", [{"id": i, "name": f"n{i % 7}"} for i in range(100)])  # reads the native parts
+    assert rows(table.to_arrow()) == sorted(data)[100:]
+    assert rows(table.to_arrow(as_of=ts)) == sorted(data)
+    db.compact(["t"])  # persist's merge reads the native parts too
+    assert rows(table.to_arrow()) == sorted(data)[100:]
+    got = spark.read.format("txns").option("url", url).load("t")
+    assert sorted((r["id"], r["name"]) for r in got.collect()) == sorted(data)[100:]
+    db.close()

@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 
 from persist import CorruptObject, InvalidUsage, SnapshotPlan
 from persist.location import Blob
-from persist.manifest import PartRef, Run, decode_inline, fetch_part
+from persist.manifest import IMPLIED_COLUMNS, PartRef, Run, decode_inline, fetch_part, read_part_table
 from txns.db.pool import in_pool, pool
 
 IN_MEMORY_BYTES = 64 << 20
@@ -174,20 +174,29 @@ def load_part(blob: Blob, ref: PartRef, retry_deadline_s: float, cache: PartCach
 
 
 def footer_stats(meta: pq.FileMetaData) -> tuple[int, int, int] | None:
-    """(largest stored ``ts``, smallest ``diff``, largest ``diff``) of a part, from its footer; None: unknown."""
+    """(largest stored ``ts``, smallest ``diff``, largest ``diff``) of a part, from its footer; None: unknown.
+
+    A column the part leaves out has its implied constant (``IMPLIED_COLUMNS``).
+    """
     names = [meta.schema.column(j).name for j in range(meta.num_columns)]
-    if "ts" not in names or "diff" not in names:
-        return None
-    its, idiff = names.index("ts"), names.index("diff")
+    its, idiff = (names.index(c) if c in names else None for c in ("ts", "diff"))
+    ts0, diff0 = (int(IMPLIED_COLUMNS[c].as_py()) for c in ("ts", "diff"))
     found: tuple[int, int, int] | None = None
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
         if rg.num_rows == 0:
             continue
-        a, b = rg.column(its).statistics, rg.column(idiff).statistics
-        if a is None or b is None or not a.has_min_max or not b.has_min_max:
+        a = None if its is None else rg.column(its).statistics
+        b = None if idiff is None else rg.column(idiff).statistics
+        if (its is not None and (a is None or not a.has_min_max)) or (
+            idiff is not None and (b is None or not b.has_min_max)
+        ):
             return None
-        here = (int(a.max), int(b.min), int(b.max))
+        here = (
+            ts0 if a is None else int(a.max),
+            diff0 if b is None else int(b.min),
+            diff0 if b is None else int(b.max),
+        )
         found = here if found is None else (max(found[0], here[0]), min(found[1], here[1]), max(found[2], here[2]))
     return found
 
@@ -310,10 +319,7 @@ class PlanReader:
             # the rewrite was checked just above, so filtering on the stored ts is exact
             # (and needless when every stored ts is <= as_of).
             expr = self._expr(negative_only, times=ts_max is None or ts_max > self.plan.as_of)
-            if expr is None:
-                t = f.read(columns=cols)
-            else:
-                t = pq.read_table(pa.BufferReader(data), columns=cols, filters=expr)
+            t = read_part_table(data, cols, expr, opened=f)
         except Exception as e:  # noqa: BLE001 - any decode failure of a checked part means corrupt
             raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
         return self._finish(t.replace_schema_metadata(None), run)
@@ -488,7 +494,7 @@ def read_changes(
         else:
             data = load_part(blob, ref, retry_deadline_s)
             try:
-                t = pq.read_table(pa.BufferReader(data), columns=[*columns, "ts", "diff"], filters=keep)
+                t = read_part_table(data, [*columns, "ts", "diff"], keep)
             except Exception as e:  # noqa: BLE001 - any decode failure of a checked part means corrupt
                 raise CorruptObject(ref.key, f"unreadable Parquet: {e}") from None
             t = t.replace_schema_metadata(None)

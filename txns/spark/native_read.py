@@ -105,9 +105,10 @@ def _footer_stats(path: Path, size: int) -> tuple[int, int, str] | None:
     except (OSError, ValueError):
         return None
     stats = footer_stats(meta)
-    if stats is None:
-        return None
-    ts_col = next(c for c in (meta.schema.column(j) for j in range(meta.num_columns)) if c.name == "ts")
+    cols = {c.name: c for c in (meta.schema.column(j) for j in range(meta.num_columns))}
+    if stats is None or "ts" not in cols or "diff" not in cols:
+        return None  # (a part that leaves them out: Spark's reader would not see them)
+    ts_col = cols["ts"]
     return stats[0], stats[2], f"{ts_col.physical_type}/{ts_col.logical_type}"
 
 

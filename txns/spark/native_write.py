@@ -11,21 +11,26 @@ check). Otherwise the Python path (``mapInArrow`` into a persist
 Protocol of :func:`write_native`:
 
 1. Spark writes the DataFrame, projected to the shard's key and val
-   columns plus ``ts`` (0) and ``diff`` (1, or the given column as a long),
-   as Parquet files into a staging directory beside the blobs
+   columns (plus ``diff`` as a long when the DataFrame has one), as Parquet
+   files into a staging directory beside the blobs
    (``{root}/spark-staging/{uuid}``), at most ``rows_per_part`` rows a file,
    in the DataFrame's order: no row goes through Python, and no sort (parts
    may be unsorted; their key bounds are the first column's min and max,
-   whatever the order, so pruning stays exact).
-2. The driver takes each file in turn: its footer gives the row count and
-   the null counts (a null in a non-nullable field fails the write with
-   ``SchemaMismatch``, everything staged deleted); its bytes give size and
-   CRC-32C; its first column gives the key bounds. The file is renamed to a
-   fresh part key under the shard (``{shard}/parts/{ms}-{uuid}``, the name
-   ``gc_leaked`` understands) and made durable (file and directory fsynced)
-   before the batch is returned, so a commit never names a part that a
-   crash could lose. Memory: one file's bytes at a time.
-3. The staging directory is removed. A crash before that leaves it (and
+   whatever the order, so pruning stays exact). ``ts`` is left out, and
+   ``diff`` when the DataFrame has none: readers fill them in as 0 and +1
+   (``persist.manifest.IMPLIED_COLUMNS``), and Spark does not spend a fifth
+   of the write encoding two constant columns.
+2. The driver checks the files in parallel (a few threads): each file's
+   footer gives the row count and the null counts (a null in a non-nullable
+   field fails the write with ``SchemaMismatch``, everything staged
+   deleted, nothing adopted); its bytes, read in chunks, give size and
+   CRC-32C; its first column gives the key bounds; the file is fsynced.
+   Memory: a chunk and one first column per thread, not the files.
+3. Only when every file passed, each is renamed to a fresh part key under
+   the shard (``{shard}/parts/{ms}-{uuid}``, the name ``gc_leaked``
+   understands) and the directory is fsynced before the batch is returned,
+   so a commit never names a part that a crash could lose.
+4. The staging directory is removed. A crash before that leaves it (and
    parts renamed so far, unreferenced: ``gc_leaked`` deletes them by age);
    staging directories older than a day are removed by the next native
    write to the same location.
@@ -36,19 +41,20 @@ cast their columns to the shard's schema.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
 import uuid
+from concurrent.futures import wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from persist import Schema, SchemaMismatch
+from persist import Schema, SchemaMismatch, ThreadPool
 from persist.file import fsync_path, makedirs_durable
-from persist.manifest import PartRef, describe_part
+from persist.manifest import IMPLIED_COLUMNS, PartRef, describe_file
 from persist.url import local_path
 
 if TYPE_CHECKING:
@@ -58,6 +64,8 @@ STAGING_MAX_AGE_S = 86_400.0
 """Staging directories older than this are leftovers of a crashed write: the next native write removes them."""
 ARROW_BYTES_PER_VALUE = 8
 """Rough Arrow bytes per value, to turn ``part_target_bytes`` into rows per file."""
+CHECK_THREADS = 4
+"""Staged files checked (read, CRC-32C, fsync) at once."""
 
 
 def native_root(url: str) -> Path | None:
@@ -85,36 +93,38 @@ def native_types(df: DataFrame, schema: Schema) -> bool:
 def write_native(
     df: DataFrame, root: Path, data_id: str, schema: Schema, columns: list[str], target_bytes: int
 ) -> tuple[PartRef, ...]:
-    """Write ``df`` (its ``columns``: key and val fields, optional ``diff``) as parts of ``data_id``; their refs."""
-    from pyspark.sql import functions as F
-
+    """Write ``df``'s ``columns`` (key and val fields, optional ``diff``) as parts of ``data_id``; their refs."""
     from txns.spark._common import col
 
     names = schema.key_names + schema.val_names
+    has_diff = "diff" in columns
     rows_per_part = max(1, target_bytes // (ARROW_BYTES_PER_VALUE * (len(names) + 2)))
     staging_root = root / "spark-staging"
     _remove_old(staging_root)
     staging = staging_root / uuid.uuid4().hex
-    diff = col("diff").cast("long") if "diff" in columns else F.lit(1).cast("long")
-    out = df.select(*[col(n) for n in names], F.lit(0).cast("long").alias("ts"), diff.alias("diff"))
+    out = df.select(*[col(n) for n in names], *([col("diff").cast("long").alias("diff")] if has_diff else []))
+    # (the one projection of the write: ``df`` may hold other columns, which are not written)
     try:
         writer = out.write.option("maxRecordsPerFile", rows_per_part).option("compression", "zstd")
         writer.parquet(str(staging))  # (zstd, as persist's own parts)
         files = sorted(p for p in staging.iterdir() if p.name.endswith(".parquet"))
-        required = [f.name for f in schema.arrow if not f.nullable] + ["diff"]
-        for f in files:
-            _check_nulls(f, required, data_id)
+        required = [f.name for f in schema.arrow if not f.nullable and f.name not in IMPLIED_COLUMNS]
+        required += ["diff"] if has_diff else []
+        pool = ThreadPool.of_process("txns-spark-adopt", CHECK_THREADS)
+        futures = [pool.submit(_check, p, required, data_id) for p in files]
+        wait(futures)  # (all done before a failure removes the staging directory)
+        checked = [f.result() for f in futures]
         parts_dir = root / "blob" / data_id / "parts"
         makedirs_durable(parts_dir)  # (a new shard's directories: their entries durable before any part)
-        refs = [_adopt(f, parts_dir, data_id) for f in files]
+        refs = [_adopt(path, ref, parts_dir, data_id) for path, ref in checked]
         fsync_path(parts_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return tuple(sorted((r for r in refs if r.rows), key=lambda p: p.key))
 
 
-def _check_nulls(path: Path, required: list[str], data_id: str) -> None:
-    """SchemaMismatch if a staged file has a null in a non-nullable column (footer statistics, else the column)."""
+def _check(path: Path, required: list[str], data_id: str) -> tuple[Path, PartRef]:
+    """Check a staged file (no null in a ``required`` column) and fsync it; it and its descriptor (key to be set)."""
     meta = pq.read_metadata(path)
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     for name in required:
@@ -127,18 +137,16 @@ def _check_nulls(path: Path, required: list[str], data_id: str) -> None:
             nulls += stats.null_count
         if nulls:
             raise SchemaMismatch(f"column {name!r} of shard {data_id} is not nullable, but a row has a null")
-
-
-def _adopt(path: Path, parts_dir: Path, data_id: str) -> PartRef:
-    """Rename a staged file to a fresh part key, durably; its descriptor (size, CRC, rows, bounds)."""
-    data = path.read_bytes()
-    meta = pq.read_metadata(pa.BufferReader(data))
-    first = pq.read_table(pa.BufferReader(data), columns=[meta.schema.column(0).name])
-    name = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
-    dest = parts_dir / name
+    ref = describe_file("", path, meta.num_rows, pq.read_table(path, columns=[names[0]]))
     fsync_path(path)
-    os.replace(path, dest)
-    return describe_part(f"{data_id}/parts/{name}", data, meta.num_rows, first)
+    return path, ref
+
+
+def _adopt(path: Path, ref: PartRef, parts_dir: Path, data_id: str) -> PartRef:
+    """Rename a checked staged file to a fresh part key; its descriptor (the directory is fsynced after)."""
+    name = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
+    os.replace(path, parts_dir / name)
+    return dataclasses.replace(ref, key=f"{data_id}/parts/{name}")
 
 
 def _remove_old(staging_root: Path) -> None:

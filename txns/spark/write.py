@@ -116,7 +116,7 @@ def write_batch(
         )
     try:
         if use_native and root is not None:
-            refs = write_native(df.select(*[col(c) for c in columns]), root, data_id, schema, columns, target)
+            refs = write_native(df, root, data_id, schema, columns, target)
         else:
             fn = functools.partial(_write_rows, url, data_id, schema.to_text(), target)
             refs = part_refs(df.select(*[col(c) for c in columns]).mapInArrow(fn, PART_ROWS).collect())
