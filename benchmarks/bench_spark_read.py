@@ -10,7 +10,10 @@ the table (one ``distinct_kv`` run: the no-consolidation fast path) and
 times both again (Parquet without the groupBy), and ``txns.spark.read_table``,
 which reads a compacted table with Spark's own Parquet reader (pages'
 CRC-32 checked). Each read is forced by an aggregate over every column.
-Prints times and ratios.
+Prints times and ratios, and for each txns read the driver's memory while
+it ran (Python RSS at the start and its peak, sampled every 50 ms, and the
+driver JVM's used heap peak): flat from 1M to 10M rows means only plans
+and part descriptors reach the driver.
 
     .venv/bin/python benchmarks/bench_spark_read.py [--rows N]
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +36,10 @@ import txns.spark
 from persist import PersistConfig
 from txns.spark.tables import enable_pushdown
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_spark import sampled
+from common import human_bytes
+
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("balance", pa.int64())])
 
 
@@ -41,11 +49,23 @@ def rows(lo: int, hi: int) -> pa.Table:
     return pa.table([ids, names, pa.array([i * 3 for i in range(lo, hi)], pa.int64())], schema=SCHEMA)
 
 
-def timed(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
+MEMORY: list[str] = []
+"""One line per timed read: the driver's memory while it ran."""
+
+
+def timed(fn: Callable[[], object], repeat: int = 3, spark: object = None, label: str = "") -> tuple[float, object]:
     best, out = float("inf"), None
-    for _ in range(repeat):
+    for i in range(repeat):
         t0 = time.perf_counter()
-        out = fn()
+        if spark is not None and i == repeat - 1:
+            with sampled(spark) as peaks:
+                out = fn()
+            MEMORY.append(
+                f"  {label}: driver Python RSS {human_bytes(peaks['rss_start'])} -> peak "
+                f"{human_bytes(peaks['rss_peak'])}; driver JVM used heap peak {human_bytes(peaks['heap_peak'])}"
+            )
+        else:
+            out = fn()
         best = min(best, time.perf_counter() - t0)
     return best, out
 
@@ -99,7 +119,7 @@ def main() -> None:
         paths = parts()
         ts = db.latest()
         print(f"rows {want}, uncompacted: {len(paths)} parts in {len(db.plan(db.entry('t', ts), ts).runs)} runs")
-        t_txns, out = timed(txns_read)
+        t_txns, out = timed(txns_read, spark=spark, label="uncompacted, by name")
         assert out[0][0] == want, out  # type: ignore[index]
         t_pq, out2 = timed(lambda: parquet_grouped(paths))
         assert out2 == out, (out, out2)
@@ -110,16 +130,19 @@ def main() -> None:
         db.compact(["t"])
         paths = parts()
         print(f"compacted: {len(paths)} parts")
-        t_txns, out3 = timed(txns_read)
+        t_txns, out3 = timed(txns_read, spark=spark, label="compacted, by name")
         assert out3 == out
         t_pq, out4 = timed(lambda: parquet_plain(paths))
         assert out4 == out
-        t_native, out5 = timed(lambda: agg(txns.spark.read_table(spark, url, "t")))  # Spark's own reader
+        t_native, out5 = timed(
+            lambda: agg(txns.spark.read_table(spark, url, "t")), spark=spark, label="compacted, read_table"
+        )  # Spark's own reader
         assert out5 == out
         print(
             f"  txns read {t_txns:.2f}s; parquet {t_pq:.2f}s; ratio {t_txns / t_pq:.2f}; "
             f"read_table (native) {t_native:.2f}s, ratio {t_native / t_pq:.2f}"
         )
+        print("\n".join(MEMORY))
         db.close()
         spark.stop()
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,10 @@ def checked(source: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_blocks(tmp_path: Path, with_spark: bool) -> dict:
+def run_blocks(tmp_path: Path, with_spark: bool, spark_url: str | None = None) -> dict:
+    """Run the README's Python blocks (the Spark one too ``with_spark``); ``spark_url``: only the
+    Spark block, with its store there instead of a local directory."""
+
     def check(args: tuple, expected: str) -> None:
         got = " ".join(str(a) for a in args)
         assert got == expected, f"README says {expected!r}, the code printed {got!r}"
@@ -62,8 +66,12 @@ def run_blocks(tmp_path: Path, with_spark: bool) -> dict:
     ns: dict = {"__check": check, "__name__": "readme"}
     ran = 0
     for src in blocks("python"):
-        if "txns_spark" in src and not with_spark:
+        spark_block = "txns_spark" in src
+        if (spark_block and not with_spark) or (spark_url is not None and not spark_block):
             continue
+        if spark_url is not None:
+            assert '"file:///tmp/sparkshop"' in src
+            src = src.replace('"file:///tmp/sparkshop"', repr(spark_url))
         src = src.replace("file:///tmp/", f"file://{tmp_path}/")
         with contextlib.redirect_stdout(io.StringIO()):
             exec(compile(checked(src), "README.md", "exec"), ns)
@@ -93,7 +101,9 @@ def test_readme_checks_what_it_prints() -> None:
 
 
 @pytest.mark.spark
-def test_readme_spark_block_runs(tmp_path: Path) -> None:
+def test_readme_spark_block_runs(tmp_path: Path, moto_endpoint: str) -> None:
+    # (moto_endpoint: its credentials are in the environment before Spark's JVM starts here, which
+    # the S3 run below reuses: the JVM hands its environment to the Python workers)
     ns = run_blocks(tmp_path, with_spark=True)
     assert ns["__ran"] == len(blocks("python"))
     ns["spark"].stop()
@@ -124,3 +134,13 @@ def test_quick_start_is_two_commands() -> None:
     commands = [ln for ln in block.splitlines() if ln.strip()]
     assert len(commands) == 2
     assert commands[0].endswith("txns demo") and commands[1].endswith("-m pytest")
+
+
+@pytest.mark.spark
+def test_readme_spark_block_runs_on_s3(tmp_path: Path, s3_url_factory: Callable[..., str]) -> None:
+    """The same Spark block with its store on S3 (moto over HTTP): every print checked again."""
+    url = s3_url_factory("sparkshop")
+    ns = run_blocks(tmp_path, with_spark=True, spark_url=url)
+    assert ns["__ran"] == 1
+    assert ns["db"].url.startswith("s3://")
+    ns["spark"].stop()
