@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from persist._internal import parts as _parts
 from persist._internal.codec import crc32c
@@ -140,23 +141,47 @@ def replan(read: Callable[[], T], attempts: int = REPLAN_ATTEMPTS) -> T:
 
 
 FILE_CHUNK_BYTES = 8 << 20
-"""How much of a file :func:`describe_file` reads at a time."""
+"""How much of a file :func:`describe_file` reads at a time for its CRC-32C."""
+FILE_BATCH_ROWS = 1 << 16
+"""How many values of the first column :func:`describe_file` decodes at a time for the key bounds."""
 
 
-def describe_file(key: str, path: str | os.PathLike[str], rows: int, first_column: pa.Table) -> PartRef:
+def describe_file(key: str, path: str | os.PathLike[str]) -> PartRef:
     """The descriptor of a part written by someone else (Spark's Parquet writer) to the file ``path``, as ``key``.
 
-    Size and CRC-32C of the file (read :data:`FILE_CHUNK_BYTES` at a time);
-    key bounds from ``first_column`` (a table of the part's first column
-    alone), exactly as persist's own writes compute them.
+    Rows from the footer; size and CRC-32C of the file (read
+    :data:`FILE_CHUNK_BYTES` at a time); key bounds over the first column
+    (decoded :data:`FILE_BATCH_ROWS` values at a time: the least and greatest
+    of each batch's least and greatest), exactly as persist's own writes
+    compute them. Memory: a chunk and a batch, whatever the file's size.
     """
     size = crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(FILE_CHUNK_BYTES):
             size += len(chunk)
             crc = crc32c(chunk, crc)
-    lo, hi = _parts.first_column_bounds(first_column)
-    return PartRef(key=key, rows=rows, size=size, crc=crc, lo=lo, hi=hi)
+    parquet = pq.ParquetFile(path)
+    first = parquet.schema_arrow.field(0)
+    ends: list[pa.Scalar] = []
+    bounded = _parts.bounded_type(first.type)
+    for batch in parquet.iter_batches(batch_size=FILE_BATCH_ROWS, columns=[first.name]) if bounded else ():
+        column = batch.column(0)
+        if column.null_count:
+            bounded = False  # (a null: no bounds, as for persist's own parts)
+            break
+        if len(column):
+            try:
+                mm = pc.min_max(column)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+                bounded = False
+                break
+            ends += [mm["min"], mm["max"]]
+    lo, hi = (
+        _parts.first_column_bounds(pa.table([pa.array(ends, first.type)], names=[first.name]))
+        if bounded
+        else (None, None)
+    )
+    return PartRef(key=key, rows=parquet.metadata.num_rows, size=size, crc=crc, lo=lo, hi=hi)
 
 
 __all__ = [

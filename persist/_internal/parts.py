@@ -246,13 +246,17 @@ def bound_values(values: Iterable[object], t: pa.DataType) -> list[Bound | None]
     return [bound_value(pa.scalar(v, t)) for v in values]
 
 
+def bounded_type(t: pa.DataType) -> bool:
+    """Whether a first column of type ``t`` gets key bounds (see the module doc)."""
+    return pa.types.is_integer(t) or _stringy(t) or _temporal(t)
+
+
 def first_column_bounds(table: pa.Table) -> tuple[Bound | None, Bound | None]:
     """(least, greatest) value of ``table``'s first column as stored bounds; None where unknown."""
     if table.num_columns == 0 or table.num_rows == 0:
         return None, None
     col = table.column(0)
-    t = col.type
-    if not (pa.types.is_integer(t) or _stringy(t) or _temporal(t)) or col.null_count:
+    if not bounded_type(col.type) or col.null_count:
         return None, None
     try:
         mm = pc.min_max(col)

@@ -14,7 +14,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+import persist.manifest as manifest
 from persist import PersistClient, Schema, ShardId
+from persist._internal.codec import crc32c
+from persist._internal.parts import first_column_bounds
 from persist.manifest import Run, describe_file, read_part_table, read_run
 
 SCHEMA = Schema(key=pa.schema([pa.field("k", pa.int64())]), val=pa.schema([pa.field("v", pa.string())]))
@@ -62,8 +65,8 @@ def test_persist_reads_a_described_foreign_part(tmp_path: Path) -> None:
     data = parquet(KV)
     src = tmp_path / "staged.parquet"
     src.write_bytes(data)
-    ref = describe_file(f"{shard}/parts/0000000000000-x", src, KV.num_rows, KV.select(["k"]))
-    assert (ref.size, ref.lo, ref.hi) == (len(data), 1, 3)
+    ref = describe_file(f"{shard}/parts/0000000000000-x", src)
+    assert (ref.rows, ref.size, ref.lo, ref.hi) == (3, len(data), 1, 3)
     client.blob.set(ref.key, data)
     (table,) = read_run(client.blob, Run(parts=(ref,), rows=3, ts_rewrite=7), SCHEMA.arrow)
     assert table.schema == SCHEMA.arrow.remove_metadata()
@@ -72,3 +75,30 @@ def test_persist_reads_a_described_foreign_part(tmp_path: Path) -> None:
         {"k": 2, "v": "b", "ts": 7, "diff": 1},
         {"k": 3, "v": "c", "ts": 7, "diff": 1},
     ]
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([(i * 7919) % 1000 - 500 for i in range(1000)], pa.int64()),
+        pa.array([f"k{(i * 31) % 997:04d}" + "é" * (i % 3) for i in range(1000)]),
+        pa.array(["z" * 80, *(f"a{i}" for i in range(999))]),  # a maximum past the stored length: none
+        pa.array([i % 400 for i in range(1000)], pa.int32()).cast(pa.date32()),
+        pa.array([float(i) for i in range(1000)]),  # no bounds for floats
+        pa.array([None if i == 600 else i for i in range(1000)], pa.int64()),  # a null: no bounds
+    ],
+)
+def test_describe_file_bounds_equal_those_of_the_whole_column(
+    tmp_path: Path, column: pa.Array, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounds folded over small batches (and row groups) are those of the whole column."""
+    monkeypatch.setattr(manifest, "FILE_BATCH_ROWS", 64)
+    monkeypatch.setattr(manifest, "FILE_CHUNK_BYTES", 1000)
+    table = pa.table({"k": column, "v": pa.array(range(len(column)))})
+    path = tmp_path / "part.parquet"
+    pq.write_table(table, path, row_group_size=300)
+    ref = describe_file("s/parts/0-x", path)
+    data = path.read_bytes()
+    assert (ref.lo, ref.hi) == first_column_bounds(table.select(["k"]))
+    assert (ref.rows, ref.size) == (len(column), len(data))
+    assert ref.crc == crc32c(data)

@@ -154,6 +154,49 @@ def test_parse_time_forms() -> None:
         TableOptions.parse({"path": "t"})
 
 
+def test_valid_for_forms() -> None:
+    from txns.spark.read import PLAN_VALID_S
+
+    def valid(v: str | None) -> float:
+        return TableOptions.parse(
+            {"url": "file:///x", "path": "t"} | ({} if v is None else {"validFor": v})
+        ).valid_for_s
+
+    assert valid(None) == PLAN_VALID_S == 3600
+    assert (valid("7200"), valid("90m"), valid("2h"), valid("1.5h"), valid("30s")) == (7200, 5400, 7200, 5400, 30)
+    for bad in ("soon", "0", "-5", "2d", "200h"):
+        with pytest.raises(InvalidUsage, match=r"option validFor must be seconds .* at most 7 days"):
+            valid(bad)
+
+
+def test_a_read_holds_its_parts_for_valid_for(
+    spark: SparkSession, built: tuple[str, txns.Database, list[CommitInfo]]
+) -> None:
+    """The planned read's hold (a blob key with its expiry) lasts ``validFor``, else an hour."""
+    from persist._internal.holds import parse_hold
+
+    url, db, _ = built
+    data_id = db.entry("accounts", db.latest()).data_id
+
+    def holds() -> set[tuple[int, int]]:
+        return {h for k in db.client.blob.list_keys(f"{data_id}/holds/") if (h := parse_hold(k)) is not None}
+
+    before = holds()
+    load(spark, url, "accounts", validFor="2h").count()
+    (new,) = holds() - before
+    assert new[1] - new[0] == 2 * 3600 * 1000
+    before = holds()
+    load(spark, url, "accounts").count()
+    (new,) = holds() - before
+    assert new[1] - new[0] == 3600 * 1000
+    before = holds()
+    read_table(spark, url, "accounts", valid_for_s=1800).count()  # (not compacted: by the data source)
+    (new,) = holds() - before
+    assert new[1] - new[0] == 1800 * 1000
+    with pytest.raises(InvalidUsage, match="valid_for_s must be seconds"):
+        read_table(spark, url, "accounts", valid_for_s=-1)
+
+
 # ---- batch reads ---------------------------------------------------------------------------------
 
 
@@ -254,9 +297,7 @@ def test_a_user_schema_prunes_columns(spark: SparkSession, built: tuple[str, txn
     from pyspark.sql import functions as F
 
     r = spark.read.format("txns").option("url", url).schema("name string").load("accounts")
-    assert Counter(x["name"] for x in spark_rows(r.where(F.col("name") == "a3"))) == Counter(
-        {"a3": want["a3"]}
-    )
+    assert Counter(x["name"] for x in spark_rows(r.where(F.col("name") == "a3"))) == Counter({"a3": want["a3"]})
     for bad in ("nope string", "name long", "name string, name string", "diff long"):
         with pytest.raises(Exception, match=r"SchemaMismatch.*give no schema, or some of the table's columns"):
             spark.read.format("txns").option("url", url).schema(bad).load("accounts").collect()

@@ -25,8 +25,9 @@ Invariants:
   gets the filter ``ts <= as_of``; others are read whole.
 - **Multiplicity.** A row stored with ``diff`` n > 1 is n rows (repeated by
   ``explode``) unless ``diff=True`` keeps the column, as the data source.
-- **Holds.** The parts are held for ``PLAN_VALID_S`` (``hold_parts``), as a
-  planned read: compaction may retire them, GC keeps them meanwhile.
+- **Holds.** The parts are held for ``valid_for_s`` (default
+  ``PLAN_VALID_S``; ``hold_parts``), as a planned read: compaction may
+  retire them, GC keeps them meanwhile.
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ VERIFY_PAGES = "parquet.page.verify-checksum.enabled"
 
 
 def native_table_read(
-    spark: SparkSession, db: Database, url: str, entry: TableEntry, ts: int, *, diff: bool
+    spark: SparkSession,
+    db: Database,
+    url: str,
+    entry: TableEntry,
+    ts: int,
+    *,
+    diff: bool,
+    valid_for_s: float = PLAN_VALID_S,
 ) -> DataFrame | None:
     """The table ``entry`` at ``ts`` read by Spark's Parquet reader, or None when only the data source can."""
     from pyspark.sql import functions as F
@@ -86,7 +94,7 @@ def native_table_read(
     if [(f.name, f.dataType) for f in want.fields] != [(n, df.schema[n].dataType) for n in cols]:
         return None  # (a column Spark reads as another type than the data source gives)
     # (held from here on, as a planned read; compaction's part grace covered the checks above)
-    db.client.hold_parts(entry.data_id, PLAN_VALID_S)
+    db.client.hold_parts(entry.data_id, valid_for_s)
     if ts_max > ts:
         df = df.where(F.col("ts") <= F.lit(ts).cast("decimal(20,0)"))
     if diff:

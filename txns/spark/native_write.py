@@ -24,8 +24,9 @@ Protocol of :func:`write_native`:
    footer gives the row count and the null counts (a null in a non-nullable
    field fails the write with ``SchemaMismatch``, everything staged
    deleted, nothing adopted); its bytes, read in chunks, give size and
-   CRC-32C; its first column gives the key bounds; the file is fsynced.
-   Memory: a chunk and one first column per thread, not the files.
+   CRC-32C; its first column, decoded a batch at a time, gives the key
+   bounds; the file is fsynced. Memory: a chunk and a batch per thread,
+   whatever the files' sizes.
 3. Only when every file passed, each is renamed to a fresh part key under
    the shard (``{shard}/parts/{ms}-{uuid}``, the name ``gc_leaked``
    understands) and the directory is fsynced before the batch is returned,
@@ -137,7 +138,7 @@ def _check(path: Path, required: list[str], data_id: str) -> tuple[Path, PartRef
             nulls += stats.null_count
         if nulls:
             raise SchemaMismatch(f"column {name!r} of shard {data_id} is not nullable, but a row has a null")
-    ref = describe_file("", path, meta.num_rows, pq.read_table(path, columns=[names[0]]))
+    ref = describe_file("", path)
     fsync_path(path)
     return path, ref
 

@@ -20,6 +20,11 @@ Options (values are strings, as Spark passes them):
   reads at the end of its millisecond, like ``to_arrow(as_of=datetime)``.
   A time before the retained history raises ``ReadBelowSince``.
 - ``diff``: ``"true"``: one row per distinct row plus ``diff`` (its multiplicity).
+- ``validFor``: how long a planned read's parts are held for its tasks
+  (``PersistClient.hold_parts``): seconds (``"7200"``) or a duration
+  (``"90m"``, ``"2h"``), at most 7 days; default an hour (``PLAN_VALID_S``). Spark plans
+  again for every action, so this bounds one job, not the DataFrame's life;
+  compaction is not blocked past it.
 - ``changes``: ``"true"``: the table's updates, columns + ``ts`` + ``diff``,
   equal as a multiset to ``db.table(name).changes(start, end)``; ``start``
   (required for a batch read) and ``end`` (exclusive, default: through the
@@ -148,6 +153,10 @@ AS_OF_KEYS = ("asOf", "timestampAsOf", "versionAsOf")
 WALL_CLOCK_FORMS = "a txns timestamp (an integer), or a wall-clock time such as '2026-11-23 15:00', "
 WALL_CLOCK_FORMS += "'2026-11-23T15:00:00.250' or '2026-11-23T15:00:00+02:00' (no offset: UTC)"
 _INT = re.compile(r"^\s*\d+\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_VALID_S = 7 * 86400.0
+"""The longest ``validFor`` (a part hold's limit)."""
 
 
 # ---- options -----------------------------------------------------------------------------
@@ -196,6 +205,18 @@ def parse_time(value: object, option: str, *, end_of_ms: bool) -> int:
     return clock.ts_end_of_ms(ms) if end_of_ms else clock.ts_of_ms(ms)
 
 
+def parse_duration(value: object, option: str) -> float:
+    """Seconds from ``"7200"``, ``"90m"`` or ``"2h"`` (positive); InvalidUsage otherwise."""
+    m = _DURATION.match(str(value))
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)] if m else 0.0
+    if not 0 < seconds <= MAX_VALID_S:
+        raise InvalidUsage(
+            f"option {option} must be seconds (e.g. '7200') or a duration such as '90m' or '2h', "
+            f"at most 7 days; got {value!r}"
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class TableOptions:
     """The parsed options of a read by table name (see the module doc)."""
@@ -207,6 +228,7 @@ class TableOptions:
     changes: bool
     start: int | None
     end: int | None
+    valid_for_s: float = PLAN_VALID_S
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> TableOptions:
@@ -235,7 +257,9 @@ class TableOptions:
             )
         start_ts = None if start is None else parse_time(start, "start", end_of_ms=False)
         end_ts = None if end is None else parse_time(end, "end", end_of_ms=False)
-        return TableOptions(check_url(str(url)), str(name), as_of, diff, changes, start_ts, end_ts)
+        valid = options.get("validFor")
+        valid_for_s = PLAN_VALID_S if valid is None else parse_duration(valid, "validFor")
+        return TableOptions(check_url(str(url)), str(name), as_of, diff, changes, start_ts, end_ts, valid_for_s)
 
     def connect(self) -> Database:
         import txns
@@ -551,7 +575,7 @@ class TableBatchReader(DataSourceReader):
                 self._check(entry)
                 from txns.db.table import plan_since
 
-                db.client.hold_parts(entry.data_id, PLAN_VALID_S)
+                db.client.hold_parts(entry.data_id, opts.valid_for_s)
                 plan = db.plan(entry, hi)
                 since = plan_since(db, entry)
                 if lo < since:
@@ -560,7 +584,7 @@ class TableBatchReader(DataSourceReader):
             ts = db.resolve(opts.as_of)
             entry = db.entry(opts.name, ts)
             self._check(entry)
-            db.client.hold_parts(entry.data_id, PLAN_VALID_S)
+            db.client.hold_parts(entry.data_id, opts.valid_for_s)
             return plan_table_tasks(db.plan(entry, ts), None)
 
     def _check(self, entry: TableEntry) -> None:

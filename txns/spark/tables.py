@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from txns.db import clock
 from txns.spark._common import check_executors, check_url
+from txns.spark.read import PLAN_VALID_S
 from txns.spark.source import TxnsDataSource
-from txns.spark.table_read import parse_time
+from txns.spark.table_read import parse_duration, parse_time
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -92,6 +93,7 @@ def read_table(
     as_of: int | dt.datetime | str | None = None,
     diff: bool = False,
     native: bool | None = None,
+    valid_for_s: float | None = None,
 ) -> DataFrame:
     """``spark.read.format("txns").option("url", url)[.option("asOf", ...)].load(name)``, or Spark's own reader.
 
@@ -103,6 +105,10 @@ def read_table(
     :mod:`txns.spark.native_read`), anything else by the data source;
     False: always the data source (which resolves the latest time when the
     query runs); True: Spark's reader, or ``InvalidUsage`` saying why not.
+    ``valid_for_s``: how long the parts of a planned read are held for its
+    tasks (the data source's ``validFor``; default an hour). Spark's own
+    reader is planned once, here: its DataFrame reads those parts for that
+    long.
     """
     import txns
     from persist import InvalidUsage
@@ -112,6 +118,7 @@ def read_table(
     check_url(url)
     if native is not None and not isinstance(native, bool):
         raise InvalidUsage(f"native must be True, False or None, got {native!r}")
+    valid = PLAN_VALID_S if valid_for_s is None else parse_duration(valid_for_s, "valid_for_s")
     at: str | None = None
     if isinstance(as_of, dt.datetime):
         at = str(clock.ts_of_datetime(as_of))
@@ -120,7 +127,7 @@ def read_table(
     if native or (native is None and native_root(url) is not None):  # (elsewhere: no connect needed)
         with txns.connect(url, create=False) as db:
             ts = db.resolve(None if at is None else int(at))
-            df = native_table_read(spark, db, url, db.entry(name, ts), ts, diff=diff)
+            df = native_table_read(spark, db, url, db.entry(name, ts), ts, diff=diff, valid_for_s=valid)
         if df is not None:
             return df
         if native:
@@ -136,6 +143,8 @@ def read_table(
         reader = reader.option("asOf", at)
     if diff:
         reader = reader.option("diff", "true")
+    if valid_for_s is not None:
+        reader = reader.option("validFor", str(valid))
     return reader.load(name)
 
 
