@@ -123,6 +123,8 @@ def test_readers_fill_in_the_columns_a_native_part_leaves_out(spark, tmp_path: P
     ts = t.commit_info.ts
     parts = list((tmp_path / "db" / "blob" / db.entry("t", ts).data_id / "parts").iterdir())
     assert parts and all(pq.read_schema(p).names == ["id", "name"] for p in parts)  # neither ts nor diff
+    codec = spark.conf.get("spark.sql.parquet.compression.codec")  # the session's, as df.write.parquet
+    assert {pq.ParquetFile(p).metadata.row_group(0).column(0).compression.lower() for p in parts} == {codec}
 
     def rows(table: pa.Table) -> list[tuple]:
         return sorted(zip(table.column("id").to_pylist(), table.column("name").to_pylist(), strict=True))
