@@ -140,8 +140,8 @@ def replan(read: Callable[[], T], attempts: int = REPLAN_ATTEMPTS) -> T:
     raise AssertionError("unreachable")
 
 
-FILE_CHUNK_BYTES = 8 << 20
-"""How much of a file :func:`describe_file` reads at a time for its CRC-32C."""
+FILE_CHUNK_BYTES = 1 << 20
+"""How much of a file :func:`describe_file` reads at a time (for its CRC-32C, and of its first column)."""
 FILE_BATCH_ROWS = 1 << 16
 """How many values of the first column :func:`describe_file` decodes at a time for the key bounds."""
 
@@ -160,7 +160,7 @@ def describe_file(key: str, path: str | os.PathLike[str]) -> PartRef:
         while chunk := f.read(FILE_CHUNK_BYTES):
             size += len(chunk)
             crc = crc32c(chunk, crc)
-    parquet = pq.ParquetFile(path)
+    parquet = pq.ParquetFile(path, buffer_size=FILE_CHUNK_BYTES)  # (a column chunk streamed, not read whole)
     first = parquet.schema_arrow.field(0)
     ends: list[pa.Scalar] = []
     bounded = _parts.bounded_type(first.type)
