@@ -43,6 +43,7 @@ from persist._internal import parts as _parts
 from persist._internal.codec import crc32c
 from persist._internal.parts import (
     IMPLIED_COLUMNS,
+    Bound,
     PartRef,
     Run,
     apply_rewrite,
@@ -150,10 +151,13 @@ def describe_file(key: str, path: str | os.PathLike[str]) -> PartRef:
     """The descriptor of a part written by someone else (Spark's Parquet writer) to the file ``path``, as ``key``.
 
     Rows from the footer; size and CRC-32C of the file (read
-    :data:`FILE_CHUNK_BYTES` at a time); key bounds over the first column
-    (decoded :data:`FILE_BATCH_ROWS` values at a time: the least and greatest
-    of each batch's least and greatest), exactly as persist's own writes
-    compute them. Memory: a chunk and a batch, whatever the file's size.
+    :data:`FILE_CHUNK_BYTES` at a time); key bounds over the first column,
+    exactly as persist's own writes compute them: for a signed integer
+    column from the footer's statistics when every row group has them (a
+    Parquet writer's integer minimum and maximum are the exact values), else
+    by decoding the column :data:`FILE_BATCH_ROWS` values at a time (the
+    least and greatest of each batch's least and greatest). Memory: a chunk
+    and a batch, whatever the file's size.
     """
     size = crc = 0
     with open(path, "rb") as f:
@@ -162,26 +166,50 @@ def describe_file(key: str, path: str | os.PathLike[str]) -> PartRef:
             crc = crc32c(chunk, crc)
     parquet = pq.ParquetFile(path, buffer_size=FILE_CHUNK_BYTES)  # (a column chunk streamed, not read whole)
     first = parquet.schema_arrow.field(0)
+    bounds = _footer_int_bounds(parquet.metadata, first.type)
+    lo, hi = _decoded_bounds(parquet, first) if bounds is None else bounds
+    return PartRef(key=key, rows=parquet.metadata.num_rows, size=size, crc=crc, lo=lo, hi=hi)
+
+
+def _footer_int_bounds(meta: pq.FileMetaData, t: pa.DataType) -> tuple[Bound | None, Bound | None] | None:
+    """Bounds of a signed integer first column from the row groups' statistics; None: not known there."""
+    if not pa.types.is_signed_integer(t):
+        return None
+    lo: int | None = None
+    hi: int | None = None
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        if group.num_rows == 0:
+            continue
+        column = group.column(0)
+        stats = column.statistics
+        if column.physical_type not in ("INT32", "INT64") or stats is None or not stats.has_null_count:
+            return None
+        if stats.null_count:
+            return None, None  # (a null: no bounds, as for persist's own parts)
+        if not stats.has_min_max:
+            return None
+        lo = int(stats.min) if lo is None else min(lo, int(stats.min))
+        hi = int(stats.max) if hi is None else max(hi, int(stats.max))
+    return lo, hi
+
+
+def _decoded_bounds(parquet: pq.ParquetFile, first: pa.Field) -> tuple[Bound | None, Bound | None]:
+    """Bounds of the first column, decoded a batch at a time."""
+    if not _parts.bounded_type(first.type):
+        return None, None
     ends: list[pa.Scalar] = []
-    bounded = _parts.bounded_type(first.type)
-    for batch in parquet.iter_batches(batch_size=FILE_BATCH_ROWS, columns=[first.name]) if bounded else ():
+    for batch in parquet.iter_batches(batch_size=FILE_BATCH_ROWS, columns=[first.name]):
         column = batch.column(0)
         if column.null_count:
-            bounded = False  # (a null: no bounds, as for persist's own parts)
-            break
+            return None, None  # (a null: no bounds, as for persist's own parts)
         if len(column):
             try:
                 mm = pc.min_max(column)
             except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-                bounded = False
-                break
+                return None, None
             ends += [mm["min"], mm["max"]]
-    lo, hi = (
-        _parts.first_column_bounds(pa.table([pa.array(ends, first.type)], names=[first.name]))
-        if bounded
-        else (None, None)
-    )
-    return PartRef(key=key, rows=parquet.metadata.num_rows, size=size, crc=crc, lo=lo, hi=hi)
+    return _parts.first_column_bounds(pa.table([pa.array(ends, first.type)], names=[first.name]))
 
 
 __all__ = [

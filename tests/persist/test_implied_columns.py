@@ -81,6 +81,8 @@ def test_persist_reads_a_described_foreign_part(tmp_path: Path) -> None:
     "column",
     [
         pa.array([(i * 7919) % 1000 - 500 for i in range(1000)], pa.int64()),
+        pa.array([(i * 104729) % 2001 - 1000 for i in range(1000)], pa.int32()),
+        pa.array([(i * 31) % 200 - 100 for i in range(1000)], pa.int8()),
         pa.array([f"k{(i * 31) % 997:04d}" + "é" * (i % 3) for i in range(1000)]),
         pa.array(["z" * 80, *(f"a{i}" for i in range(999))]),  # a maximum past the stored length: none
         pa.array([i % 400 for i in range(1000)], pa.int32()).cast(pa.date32()),
@@ -95,10 +97,24 @@ def test_describe_file_bounds_equal_those_of_the_whole_column(
     monkeypatch.setattr(manifest, "FILE_BATCH_ROWS", 64)
     monkeypatch.setattr(manifest, "FILE_CHUNK_BYTES", 1000)
     table = pa.table({"k": column, "v": pa.array(range(len(column)))})
+    want = first_column_bounds(table.select(["k"]))
+    for statistics in (True, False):  # (integers: from the footer's statistics when written, else decoded)
+        path = tmp_path / f"part-{statistics}.parquet"
+        pq.write_table(table, path, row_group_size=300, write_statistics=statistics)
+        ref = describe_file("s/parts/0-x", path)
+        data = path.read_bytes()
+        assert (ref.lo, ref.hi) == want
+        assert (ref.rows, ref.size) == (len(column), len(data))
+        assert ref.crc == crc32c(data)
+
+
+def test_integer_bounds_come_from_the_footer_without_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_decoding(*_: object) -> None:
+        raise AssertionError("the column was decoded")
+
+    monkeypatch.setattr(manifest, "_decoded_bounds", no_decoding)
     path = tmp_path / "part.parquet"
-    pq.write_table(table, path, row_group_size=300)
-    ref = describe_file("s/parts/0-x", path)
-    data = path.read_bytes()
-    assert (ref.lo, ref.hi) == first_column_bounds(table.select(["k"]))
-    assert (ref.rows, ref.size) == (len(column), len(data))
-    assert ref.crc == crc32c(data)
+    pq.write_table(pa.table({"k": pa.array([5, -3, 9, 0], pa.int64())}), path, row_group_size=2)
+    assert (describe_file("s/parts/0-x", path).lo, describe_file("s/parts/0-x", path).hi) == (-3, 9)
+    pq.write_table(pa.table({"k": pa.array([], pa.int64())}), path)
+    assert (describe_file("s/parts/0-x", path).lo, describe_file("s/parts/0-x", path).hi) == (None, None)

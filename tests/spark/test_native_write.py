@@ -11,10 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import txns.spark
 from persist import InvalidUsage, PersistClient, Schema, SchemaMismatch, ShardId
+from persist._internal.parts import first_column_bounds
 from persist.url import open_location
 from txns import TxnsHandle
 
@@ -49,6 +51,9 @@ def test_native_parts_read_back_as_the_python_path_writes_them(spark, tmp_path: 
     for d, native in ((native_id, True), (python_id, False)):
         batch = txns.spark.write_batch(df, url, d, SCHEMA, native=native, part_target_bytes=20_000)
         txn.write_batch(d, batch)
+        for ref in (p for r in batch.runs for p in r.parts):  # Spark's footer bounds are the decoded ones
+            first = pq.read_table(tmp_path / "store" / "blob" / ref.key, columns=["id"])
+            assert (ref.lo, ref.hi) == first_column_bounds(first) and ref.lo is not None
         txn.write_batch(d, txns.spark.write_batch(with_diff, url, d, SCHEMA, native=native))
     txn.commit_at(h, 2).apply(h)
     assert contents(h, native_id, 2) == contents(h, python_id, 2)
@@ -110,7 +115,6 @@ def test_a_native_write_makes_a_new_shards_directories_durable(spark, tmp_path: 
 def test_readers_fill_in_the_columns_a_native_part_leaves_out(spark, tmp_path: Path) -> None:
     """Native parts hold no ``ts`` (and no ``diff`` unless given): every reader sees time and +1 as if they did."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     url = f"file://{tmp_path}/db"
     db = txns.connect(url)

@@ -28,8 +28,9 @@ Protocol of :func:`write_native`:
    footer gives the row count and the null counts (a null in a non-nullable
    field fails the write with ``SchemaMismatch``, everything staged
    deleted, nothing adopted); its bytes, read in chunks, give size and
-   CRC-32C; its first column, decoded a batch at a time, gives the key
-   bounds; the file is fsynced. Memory: a chunk and a batch per thread,
+   CRC-32C; the key bounds come from the footer (a signed integer first
+   column) or the first column decoded a batch at a time
+   (``persist.manifest.describe_file``); the file is fsynced. Memory: a chunk and a batch per thread,
    whatever the files' sizes.
 3. Only when every file passed, each is renamed to a fresh part key under
    the shard (``{shard}/parts/{ms}-{uuid}``, the name ``gc_leaked``
