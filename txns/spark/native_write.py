@@ -30,8 +30,8 @@ Protocol of :func:`write_native`:
    deleted, nothing adopted); its bytes, read in chunks, give size and
    CRC-32C; the key bounds come from the footer (a signed integer first
    column) or the first column decoded a batch at a time
-   (``persist.manifest.describe_file``); the file is fsynced. Memory: a chunk and a batch per thread,
-   whatever the files' sizes.
+   (``persist.manifest.describe_file``); the file is fsynced. Memory: a
+   chunk and a batch per thread, whatever the files' sizes.
 3. Only when every file passed, each is renamed to a fresh part key under
    the shard (``{shard}/parts/{ms}-{uuid}``, the name ``gc_leaked``
    understands) and the directory is fsynced before the batch is returned,
