@@ -47,7 +47,6 @@ cast their columns to the shard's schema.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import time
@@ -60,7 +59,7 @@ import pyarrow.parquet as pq
 
 from persist import Schema, SchemaMismatch, ThreadPool
 from persist.file import fsync_path, makedirs_durable
-from persist.manifest import IMPLIED_COLUMNS, PartRef, describe_file
+from persist.manifest import IMPLIED_COLUMNS, PartRef, describe_file, part_key
 from persist.url import local_path
 
 if TYPE_CHECKING:
@@ -122,7 +121,9 @@ def write_native(
         checked = [f.result() for f in futures]
         parts_dir = root / "blob" / data_id / "parts"
         makedirs_durable(parts_dir)  # (a new shard's directories: their entries durable before any part)
-        refs = [_adopt(path, ref, parts_dir, data_id) for path, ref in checked]
+        for path, ref in checked:
+            os.replace(path, root / "blob" / ref.key)
+        refs = [ref for _, ref in checked]
         fsync_path(parts_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -130,7 +131,7 @@ def write_native(
 
 
 def _check(path: Path, required: list[str], data_id: str) -> tuple[Path, PartRef]:
-    """Check a staged file (no null in a ``required`` column) and fsync it; it and its descriptor (key to be set)."""
+    """Check a staged file (no null in a ``required`` column), fsync it; it and its descriptor at a fresh part key."""
     meta = pq.read_metadata(path)
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     for name in required:
@@ -143,16 +144,9 @@ def _check(path: Path, required: list[str], data_id: str) -> tuple[Path, PartRef
             nulls += stats.null_count
         if nulls:
             raise SchemaMismatch(f"column {name!r} of shard {data_id} is not nullable, but a row has a null")
-    ref = describe_file("", path)
+    ref = describe_file(part_key(data_id), path)
     fsync_path(path)
     return path, ref
-
-
-def _adopt(path: Path, ref: PartRef, parts_dir: Path, data_id: str) -> PartRef:
-    """Rename a checked staged file to a fresh part key; its descriptor (the directory is fsynced after)."""
-    name = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
-    os.replace(path, parts_dir / name)
-    return dataclasses.replace(ref, key=f"{data_id}/parts/{name}")
 
 
 def _remove_old(staging_root: Path) -> None:
