@@ -158,6 +158,12 @@ class TxnsCache:
         if snapshot is not None:
             for (key, val), _ts, diff in snapshot:
                 self._process(Entry.from_kv(key, val), self.since, diff)
+            # SUBTLE: the snapshot names only the writes still present at the since;
+            # those below it that were tidied are not in it. A write time below the
+            # since could then look like the latest one at some time (a hole before
+            # it): keep only times at or above the since, which are all known.
+            for w in self.writes.values():
+                del w[: bisect.bisect_left(w, since)]
             self.frontier = self.since + 1
         else:
             self.frontier = state.upper

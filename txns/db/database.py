@@ -1102,20 +1102,31 @@ class Database:
         below ``ts`` and not applied yet, taken from the txns shard's entries
         (a commit entry is the very batch an apply appends). So a read never
         waits for, nor repeats, the background apply, and never fills time.
-        Exact because:
+        Exact (the rows of the table at ``ts``, nothing else) because:
 
         - any state of the data shard, however old, holds exactly the
-          commits below its upper, so it plus the log's entries at or above
-          its upper up to ``ts`` is the snapshot, when the cache still holds
-          an entry for every write time it knows in that range (no request:
-          the cached state is used first); when one was tidied meanwhile it
-          was applied, so the state is read afresh (after the txns cache,
-          which ``latest()`` and ``resolve()`` sync) and holds it;
-        - a data upper past a commit time means that commit is applied
-          (txns invariant 2), so entries below the upper are not read twice;
-        - below the txns cache's since every write is applied (txns
-          invariant 3); at or above it the cache knows every write time, and
-          an entry must be present for each one in ``[upper, ts]``.
+          commits below its upper (txns invariant 2: a data upper past a
+          commit time means that commit is applied), so a state whose upper
+          is past ``ts`` is the snapshot, and otherwise the state plus the
+          log's entries in ``[upper, ts]`` is, provided those entries are
+          *every* write in that range;
+        - the txns cache knows every write time at or above its since (and
+          below its frontier, past ``ts``), so that proviso is checked
+          against the cache's write times when the state's upper is at or
+          above the cache's since; an entry tidied meanwhile was applied,
+          so the state is read afresh (after the txns cache, which
+          ``latest()`` and ``resolve()`` sync) and holds it;
+        - SUBTLE: the cache does not know the writes below its since (they
+          are all applied: txns invariant 3), and its since moves on while
+          a cached data state may not: an idle handle's lease lapses and its
+          cache restarts from a snapshot at the current since, and a live
+          hold moves up with every commit. A cached state whose upper is
+          below the cache's since may lack writes the cache cannot name, so
+          it is never completed from the log: the state is read afresh
+          first. A state read after the cache's since was observed holds
+          every write below that since (they were applied before the since
+          passed them), so no write lies in ``[upper, since)`` and the
+          cache's times from the since on are all of them.
 
         None (the caller uses the txns read protocol, which applies and fills)
         when the cache cannot vouch for this.
@@ -1125,27 +1136,28 @@ class Database:
             return None
         w = self.handle.data_writer(data_id)
         state = w.shard.state()
-        if state.upper <= ts and ts < cache.since:
-            state = w.shard.fetch()  # (below the cache's since it cannot name the writes in [upper, ts])
-        for fresh in (False, True):
-            if fresh:
-                # Some writes in [upper, ts] were tidied from the log since this
-                # state was cached: they are applied. Read the shard afresh (after
-                # the cache, so whatever it applied since is in it).
-                state = w.shard.fetch()
+        fresh = False
+        if state.upper <= ts and state.upper < cache.since:
+            state, fresh = w.shard.fetch(), True  # (the cache cannot name the writes in [upper, since))
+        while True:
             if ts < state.since:
                 raise ReadBelowSince(f"as_of {ts} is below shard {data_id}'s since {state.since}", state.since)
             runs = [r for b in state.batches if b.lower <= ts for r in b.runs if r.rows]
-            if state.upper > ts or ts < cache.since:
+            if state.upper > ts or ts < cache.since:  # (the latter: a fresh state, holding every write <= ts)
                 return SnapshotPlan(data_id, ts, tuple(runs), w.schema)
             due = writes_in(cache, data_id, state.upper, ts)
             pending = sorted(e for e in cache.entries if e.data_id == data_id and e.batch and state.upper <= e.ts <= ts)
             if {e.ts for e in pending} == due:
-                # A cached state, even an old one, plus the log's entries from its upper
-                # on is exact: entries at or above its upper are not in it.
+                # The state plus the log's entries from its upper on: entries at or
+                # above its upper are not in it, and they are every write up to ts.
                 runs += [r for e in pending for r in e.decode_batch().runs if r.rows]
                 return SnapshotPlan(data_id, ts, tuple(runs), w.schema)
-        return None
+            if fresh:
+                return None
+            # Some writes in [upper, ts] were tidied from the log since this
+            # state was cached: they are applied. Read the shard afresh (after
+            # the cache, so whatever it applied since is in it).
+            state, fresh = w.shard.fetch(), True
 
     def _below(self, entry: TableEntry, ts: int, since: int) -> ReadBelowSince:
         try:  # the retention in force now (the entry may be from the catalog of long ago)
