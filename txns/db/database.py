@@ -63,6 +63,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
+import inspect
 import json
 import logging
 import threading
@@ -98,7 +100,7 @@ from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
 from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
-from txns.db.retention import RetentionHolds, check_retention
+from txns.db.retention import RetentionHolds, check_retention, retention_of_ms
 from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
 from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.validation import ReadSet, conflict, writes_in
@@ -167,6 +169,28 @@ def _overlaps(reads: ReadSet, wrote: Mapping[str, set[tuple[Any, ...]] | None]) 
         if keys is None or w is None or not keys.isdisjoint(w):
             return True
     return False
+
+
+def _check_not_async(fn: Callable[..., Any]) -> None:
+    """InvalidUsage for an ``async def`` function (or callable object, or partial of one): ``run`` cannot await it."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None)):
+        raise InvalidUsage(
+            f"db.run takes a plain function of a transaction, got the async function {fn!r}, which it cannot "
+            f"await; make it a plain `def` (nothing was committed)"
+        )
+
+
+def _check_not_awaitable(fn: Callable[..., Any], result: object) -> None:
+    """InvalidUsage if ``fn(t)`` returned an awaitable (closed unawaited, so it never runs)."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        raise InvalidUsage(
+            f"db.run's function {fn!r} returned an awaitable ({type(result).__name__}), which run cannot "
+            f"await: its work never ran; make it a plain `def` (nothing was committed)"
+        )
 
 
 def _missing_file_dir(url: str) -> str | None:
@@ -322,7 +346,7 @@ class Database:
     @property
     def retention(self) -> dt.timedelta:
         """The default history retention of this database's tables."""
-        return dt.timedelta(milliseconds=self.root.retention_ms)
+        return retention_of_ms(self.root.retention_ms)
 
     def set_retention(self, retention: dt.timedelta) -> None:
         """Change the database's default history retention (tables without their own use it)."""
@@ -650,7 +674,10 @@ class Database:
         """Run ``fn(t)`` in a transaction and commit it; on a conflict, run it again. Returns the commit info.
 
         ``fn`` may run more than once: it must act only through ``t`` (no
-        side effects elsewhere). Raising ``txns.Abort`` (or any exception)
+        side effects elsewhere). ``run`` commits ``t`` itself: ``t.commit()``
+        or ``with t:`` inside ``fn`` raises ``InvalidUsage`` (nothing
+        commits), and so does an ``async def`` function (or one returning an
+        awaitable), which ``run`` cannot await. Raising ``txns.Abort`` (or any exception)
         inside it commits nothing and propagates. After ``max_attempts``
         conflicting attempts (with jittered backoff between them),
         ``TransactionConflict`` says how many ran. A storage failure of
@@ -672,13 +699,15 @@ class Database:
             raise InvalidUsage(f"max_attempts must be a positive int, got {max_attempts!r}")
         if not callable(fn):
             raise InvalidUsage(f"run takes a function of a transaction, got {type(fn).__name__}")
+        _check_not_async(fn)
         level = check_isolation(isolation or self.isolation)
         last: TransactionConflict | None = None
         for attempt in range(1, max_attempts + 1):
             t = self.transaction(metadata, isolation=level)
+            t._in_run = True  # (t.commit() and `with t:` inside fn are refused: run commits it)
             try:
-                fn(t)
-                info = t.commit()
+                _check_not_awaitable(fn, fn(t))
+                info = t._commit()
             except TransactionConflict as e:
                 last = e
                 t.abort()
@@ -1167,7 +1196,7 @@ class Database:
         ret = entry.retention_ms if entry.retention_ms is not None else self.root.retention_ms
         return ReadBelowSince(
             f"table {entry.name!r}: as_of {clock.describe(ts)} is before its retained history "
-            f"(retention {dt.timedelta(milliseconds=ret)}); the earliest readable time is {clock.describe(since)}",
+            f"(retention {retention_of_ms(ret)}); the earliest readable time is {clock.describe(since)}",
             since,
         )
 

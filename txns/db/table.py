@@ -21,6 +21,7 @@ from persist import InvalidUsage
 from txns.db import clock
 from txns.db.arrow_io import to_pandas, to_polars
 from txns.db.catalog import TableEntry
+from txns.db.retention import retention_of_ms
 from txns.db.scan import PlanReader, check_columns, check_filter, read_changes, read_table, scan
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Table:
         """The table's history retention (its own, else the database's)."""
         e = self._at(None)[0]
         ms = e.retention_ms if e.retention_ms is not None else self.db.root.retention_ms
-        return dt.timedelta(milliseconds=ms)
+        return retention_of_ms(ms)
 
     def _reader_args(self, e: TableEntry, columns: object, filter: object) -> tuple[list[str], Any]:
         return check_columns(e.schema, columns), check_filter(e.schema, filter)

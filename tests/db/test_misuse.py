@@ -1,0 +1,139 @@
+"""Misuse that must be refused or made safe (issue 26): a transaction shared between threads, ``db.run``
+with a function that commits itself or is async, out-of-range retentions, a part missing from storage."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import txns
+from persist import InvalidUsage
+from tests import helpers
+
+SCHEMA = pa.schema([("x", pa.int64())])
+
+
+# ---- 1. one transaction, committed from two threads ------------------------------------------------
+
+
+def test_a_transaction_committed_from_two_threads_commits_once(tmp_path: Path) -> None:
+    """Racing ``commit()`` calls: exactly one commits, the others are refused; nothing acknowledged is lost."""
+    url = helpers.file_url(tmp_path / "db")
+    db = txns.connect(url)
+    db.create_table("t", SCHEMA)
+    acknowledged: list[int] = []
+    trials = 25
+    for i in range(trials):
+        t = db.transaction()
+        t.insert("t", [{"x": i}])
+        go = threading.Barrier(3)
+        results: list[object] = []
+
+        def commit(t: txns.Transaction = t, go: threading.Barrier = go, results: list[object] = results) -> None:
+            go.wait()
+            try:
+                results.append(t.commit())
+            except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+                results.append(e)
+
+        threads = [threading.Thread(target=commit) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        infos = [r for r in results if isinstance(r, txns.CommitInfo)]
+        refused = [r for r in results if not isinstance(r, txns.CommitInfo)]
+        assert len(infos) == 1, results
+        assert all(isinstance(r, txns.TransactionClosed) and "committed" in str(r) for r in refused), refused
+        assert infos[0].ts is not None and t.commit_info == infos[0]
+        acknowledged.append(infos[0].ts)
+    db.close()
+    fresh = txns.connect(url, create=False)
+    try:
+        assert sorted(fresh.table("t").to_arrow().column("x").to_pylist()) == list(range(trials))
+        history = fresh.history("t")
+        committed = [ts for ts, ops in zip(history["ts"].to_pylist(), history["operations"].to_pylist()) if not ops]
+        assert sorted(committed) == sorted(acknowledged)
+    finally:
+        fresh.close()
+
+
+# ---- 7. db.run with a function that commits itself, or is async --------------------------------------
+
+
+def _only_table_t(db: txns.Database) -> None:
+    assert db.tables() == ["t"] and db.table("t").count() == 0
+    assert [ops for ops in db.history()["operations"].to_pylist()] == [["create t"]]
+
+
+def test_run_refuses_a_function_that_commits_the_transaction_itself(db: txns.Database) -> None:
+    db.create_table("t", SCHEMA)
+
+    def commits(t: txns.Transaction) -> None:
+        t.insert("t", [{"x": 1}])
+        t.commit()
+
+    def with_block(t: txns.Transaction) -> None:
+        with t:
+            t.insert("t", [{"x": 1}])
+
+    for fn in (commits, with_block):
+        with pytest.raises(InvalidUsage, match="run.*commits the transaction"):
+            db.run(fn)
+        _only_table_t(db)
+    assert db.run(lambda t: t.insert("t", [{"x": 1}])).ts is not None  # (plain use still commits)
+    assert db.table("t").count() == 1
+
+
+def test_run_refuses_an_async_function(db: txns.Database) -> None:
+    db.create_table("t", SCHEMA)
+    ran: list[int] = []
+
+    async def insert(t: txns.Transaction) -> None:
+        ran.append(1)
+        t.insert("t", [{"x": 1}])
+
+    class AsyncCallable:
+        async def __call__(self, t: txns.Transaction) -> None:
+            await insert(t)
+
+    for fn in (insert, AsyncCallable(), lambda t: insert(t)):
+        with pytest.raises(InvalidUsage, match="await"):
+            db.run(fn)
+        _only_table_t(db)
+    assert ran == []
+
+
+# ---- 9. retention bounds ------------------------------------------------------------------------------
+
+
+def test_retention_out_of_range_is_refused_and_stored_values_read_back(db: txns.Database) -> None:
+    import datetime as dt
+
+    from txns.db.retention import MAX_RETENTION
+    from txns.db.root import update_root
+
+    db.create_table("t", SCHEMA)
+    before = db.retention
+    for bad in (dt.timedelta.max, MAX_RETENTION + dt.timedelta(milliseconds=1)):
+        with pytest.raises(InvalidUsage, match="at most 36500 days"):
+            db.set_retention(bad)
+        with pytest.raises(InvalidUsage, match="at most 36500 days"):
+            db.set_table_retention("t", bad)
+        with pytest.raises(InvalidUsage, match="at most 36500 days"):
+            db.create_table("u", SCHEMA, retention=bad)
+    assert db.retention == before and db.table("t").retention == before and db.tables() == ["t"]
+    db.set_retention(MAX_RETENTION)
+    db.set_table_retention("t", MAX_RETENTION)
+    again = txns.connect(db.url, create=False)
+    try:
+        assert again.retention == MAX_RETENTION and again.table("t").retention == MAX_RETENTION
+        # a value stored out of range (by an older version of the library) still reads back, as the bound
+        update_root(again.client, {"retention_ms": dt.timedelta.max // dt.timedelta(milliseconds=1)})
+        again._refresh_root()
+        assert again.retention == MAX_RETENTION
+    finally:
+        again.close()
