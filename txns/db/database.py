@@ -78,11 +78,13 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from persist import (
+    CorruptObject,
     Indeterminate,
     InvalidUsage,
     PartRetired,
     PersistClient,
     PersistConfig,
+    PersistError,
     ReadBelowSince,
     ReadTimeout,
     Schema,
@@ -564,11 +566,33 @@ class Database:
         return PlanReader(self.client.blob, plan, cols, filter, self.client.config.retry_deadline_s)
 
     def _read_checked(self, data_id: str, read: Callable[[], T]) -> T:
-        """``read()`` of a plan of ``data_id``; a part found missing is classified (``ShardView.missing_part``)."""
+        """``read()`` of a plan of ``data_id``; a part found missing is classified (:meth:`missing_part`)."""
         try:
             return read()
         except PartRetired as e:
-            raise self.client.shard(data_id).missing_part(e.key) from None
+            raise self.missing_part(data_id, e.key) from None
+
+    def missing_part(self, data_id: str, key: str) -> PersistError:
+        """The error for part ``key`` of ``data_id`` found missing by a read: lost data, or retired by compaction.
+
+        ``CorruptObject`` when what a plan made now would read still names
+        the part: the data shard's state read afresh (``ShardView.missing_part``),
+        or a committed batch the shard has not applied yet (a txns entry at or
+        above that state's upper, which no compaction can have retired). Else
+        ``PartRetired``: compaction replaced the part after the read was
+        planned, and planning again (from the state just read) finds its
+        successor. The one classification every read of the database uses.
+        """
+        verdict = self.client.shard(data_id).missing_part(key)  # (reads the head: plans use it from now on)
+        if not isinstance(verdict, PartRetired):
+            return verdict
+        upper = self.client.shard(data_id).state().upper
+        with self._lock:
+            pending = [e for e in self.handle.cache.entries if e.data_id == data_id and e.batch and e.ts >= upper]
+        for entry in pending:
+            if any(p.key == key for r in entry.decode_batch().runs for p in r.parts):
+                return CorruptObject(key, "a part of a committed batch (not applied to its table yet) is missing")
+        return verdict
 
     def _remember_catalog(self, key: tuple[str, int], view: CatalogView) -> None:
         if len(self._catalogs) > 64:

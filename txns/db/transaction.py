@@ -59,7 +59,16 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMismatch, ShardId, WriteHandle
+from persist import (
+    Batch,
+    BatchBuilder,
+    Indeterminate,
+    InvalidUsage,
+    PartRetired,
+    SchemaMismatch,
+    ShardId,
+    WriteHandle,
+)
 from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
@@ -442,10 +451,13 @@ class Transaction:
             plan = db.plan(e, ts)
             reader = PlanReader(db.client.blob, plan, list(e.schema.names), None, db.client.config.retry_deadline_s)
             b = self._builder(d, -1)
-            for batch in scan(reader):
-                if batch.num_rows:
-                    b.add_table(self._updates(pa.Table.from_batches([batch]).cast(e.schema), -1))
-                    rows += batch.num_rows
+            try:
+                for batch in scan(reader):
+                    if batch.num_rows:
+                        b.add_table(self._updates(pa.Table.from_batches([batch]).cast(e.schema), -1))
+                        rows += batch.num_rows
+            except PartRetired as err:  # lost (CorruptObject), or retired meanwhile: the caller starts again
+                raise db.missing_part(d, err.key) from None
         self._emptied.add(d)
         self._count(d, 0, rows)
         return rows

@@ -137,3 +137,76 @@ def test_retention_out_of_range_is_refused_and_stored_values_read_back(db: txns.
         assert again.retention == MAX_RETENTION
     finally:
         again.close()
+
+
+# ---- 10. a part missing from storage ------------------------------------------------------------------
+
+
+def _parts_of(db: txns.Database, name: str) -> set[str]:
+    plan = db.plan(db.entry(name, db.latest()), db.latest())
+    return {p.key for r in plan.runs for p in r.parts}
+
+
+def test_a_lost_part_is_corruption_in_every_read(tmp_path: Path) -> None:
+    """A part the table's state references, deleted: every read says CorruptObject (never "plan again")."""
+    from persist import CorruptObject, PersistConfig
+    from tests.cli.test_cli import run as cli
+
+    url = helpers.file_url(tmp_path / "db")
+    db = txns.connect(url, config=PersistConfig(inline_max_bytes=0))
+    db.create_table("t", SCHEMA)
+    db.create_table("u", SCHEMA)
+    for name in ("t", "u"):
+        with db.transaction() as t:
+            t.insert(name, [{"x": i} for i in range(100)])
+    db._settle()
+    (lost,) = _parts_of(db, "t")
+    db.close()
+    (tmp_path / "db" / "blob" / lost).unlink()
+    db = txns.connect(url, create=False)
+    try:
+        reads = {
+            "to_arrow": lambda: db.table("t").to_arrow(),
+            "count": lambda: db.table("t").count(),
+            "scan": lambda: db.table("t").scan().read_all(),
+            "read transaction": lambda: db.read().table("t").count(),
+            "truncate": lambda: db.transaction().truncate("t"),
+        }
+        for what, read in reads.items():
+            with pytest.raises(CorruptObject, match="missing") as e:
+                read()
+            assert lost in str(e.value), what
+        assert db.table("u").count() == 100  # (the other table reads)
+    finally:
+        db.close()
+    code, out, err = cli("tables", url)
+    assert code != 0 and "CorruptObject" in err and lost in err and "plan the read again" not in err
+
+
+def test_a_part_retired_by_compaction_after_planning_is_read_again(tmp_path: Path) -> None:
+    """A reader whose cached state names parts compaction has retired (and deleted) plans again: right rows."""
+    from persist import PersistConfig
+
+    url = helpers.file_url(tmp_path / "db")
+    config = PersistConfig(inline_max_bytes=0, compaction_enabled=False, part_grace_s=0)
+    db = txns.connect(url, config=config)
+    db.create_table("t", SCHEMA)
+    for i in range(3):
+        with db.transaction() as t:
+            t.insert("t", [{"x": 10 * i + j} for j in range(10)])
+    db._settle()
+    reader = txns.connect(url, create=False, config=config)
+    try:
+        assert reader.table("t").count() == 30
+        old = _parts_of(reader, "t")
+        assert len(old) == 3
+        db.compact()
+        d = db.entry("t", db.latest()).data_id
+        db.handle.data_writer(d).collect_garbage()
+        assert not old & set(db.client.blob.list_keys(f"{d}/parts/"))  # the old parts are gone
+        assert _parts_of(reader, "t") == old  # (the reader's cached state still names them)
+        assert reader.table("t").count() == 30
+        assert sorted(reader.table("t").to_arrow().column("x").to_pylist()) == list(range(30))
+    finally:
+        reader.close()
+        db.close()
