@@ -210,3 +210,58 @@ def test_a_part_retired_by_compaction_after_planning_is_read_again(tmp_path: Pat
     finally:
         reader.close()
         db.close()
+
+
+# ---- 6. a deleted root record ---------------------------------------------------------------------------
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_deleted_root_record_is_refused_never_overwritten_and_recovers(tmp_path: Path) -> None:
+    import shutil
+
+    from persist import PersistConfig
+    from txns.db import recover_root
+
+    url = helpers.file_url(tmp_path / "db")
+    config = PersistConfig(retry_deadline_s=0.5)  # (how long a creator waits for a racing creator's root)
+    db = txns.connect(url, config=config)
+    db.create_table("t", SCHEMA)
+    with db.transaction(metadata={"job": "load"}) as t:
+        t.insert("t", [{"x": 1}, {"x": 2}])
+    history = db.history()
+    db.close()
+    roots = [p for p in (tmp_path / "db" / "consensus").iterdir() if "txns-db-root" in p.name]
+    assert len(roots) == 1
+    shutil.rmtree(roots[0])
+    before = _files(tmp_path / "db")
+    for create in (True, False):
+        with pytest.raises(txns.DatabaseNotFound, match="no database root record.*recover_root|no database at"):
+            txns.connect(url, create=create, config=config)
+    with pytest.raises(txns.DatabaseNotFound, match="holds shards .* but no database root record.*recover_root"):
+        txns.connect(url, config=config)
+    assert _files(tmp_path / "db") == before  # nothing written: the old database is intact
+    root = recover_root(url)
+    with pytest.raises(InvalidUsage, match="has a root record"):
+        recover_root(url)
+    db = txns.connect(url, create=False)
+    try:
+        assert db.root.txns_id == root.txns_id
+        assert db.tables() == ["t"] and sorted(db.table("t").to_arrow().column("x").to_pylist()) == [1, 2]
+        assert db.history().select(["ts", "txn_id", "metadata"]).equals(history.select(["ts", "txn_id", "metadata"]))
+        db.table("t")  # and it takes commits again
+        db.run(lambda t: t.insert("t", [{"x": 3}]))
+        assert db.table("t").count() == 3
+    finally:
+        db.close()
+
+
+def test_recover_root_refuses_a_location_without_a_database(tmp_path: Path) -> None:
+    from txns.db import recover_root
+
+    url = helpers.file_url(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidUsage, match="found no txns shard with a catalog.*nothing was written"):
+        recover_root(url)

@@ -21,7 +21,7 @@
 Modules, one job each: ``root`` (the root record), ``clock`` (hybrid
 timestamps), ``catalog`` (names -> data shards), ``arrow_io`` (inputs and
 outputs), ``scan`` (reading plans as Arrow), ``transaction``, ``table``,
-``retention``, ``applier`` (applying commits in the background), ``oracle``
+``retention``, ``recover`` (a deleted root record), ``applier`` (applying commits in the background), ``oracle``
 (read and write timestamps per isolation level), ``validation`` (did what a
 transaction read change?), ``keyed`` (primary keys), ``read_txn``
 (read-only transactions), ``pool``
@@ -43,6 +43,7 @@ from txns.db.errors import (
     TransactionClosed,
     TransactionConflict,
 )
+from txns.db.recover import recover_root
 from txns.db.table import Table
 from txns.db.transaction import CommitInfo, Transaction
 
@@ -64,4 +65,5 @@ __all__ = [
     "TransactionClosed",
     "TransactionConflict",
     "connect",
+    "recover_root",
 ]

@@ -103,7 +103,7 @@ from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_m
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
 from txns.db.retention import RetentionHolds, check_retention, retention_of_ms
-from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
+from txns.db.root import ROOT_KEY, RootRecord, create_root, new_proposal, read_root, root_or_leftovers, update_root
 from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
@@ -238,6 +238,17 @@ def connect(
     client = PersistClient.open(url, config)
     root = read_root(client)
     handle = None
+    if root is None and create:
+        found = root_or_leftovers(client)  # (one LIST on an empty location)
+        if isinstance(found, RootRecord):
+            root = found  # a racing creator's
+        elif found:
+            raise DatabaseNotFound(
+                f"the location {redact(url)!r} holds shards ({', '.join(found)}, ...) but no database root record "
+                f"({ROOT_KEY!r}): a database whose root record was deleted? A new database is never created over "
+                f"it. Recover it with txns.db.recover_root({redact(url)!r}) (README: \"Recovering a deleted root "
+                f"record\"), or use an empty location"
+            )
     if root is None:
         if not create:
             raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
