@@ -4,6 +4,9 @@ with a function that commits itself or is async, out-of-range retentions, a part
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +15,7 @@ import pytest
 import txns
 from persist import InvalidUsage
 from tests import helpers
+from txns.db import clock
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
@@ -265,3 +269,86 @@ def test_recover_root_refuses_a_location_without_a_database(tmp_path: Path) -> N
     (tmp_path / "empty").mkdir()
     with pytest.raises(InvalidUsage, match="found no txns shard with a catalog.*nothing was written"):
         recover_root(url)
+
+
+# ---- 2. a client with a skewed clock ---------------------------------------------------------------------
+
+DAY_MS = 86_400_000
+
+
+def _clock(offset_ms: int) -> Callable[[], int]:
+    return lambda: int(time.time() * 1000) + offset_ms
+
+
+def test_a_skewed_client_cannot_commit_compact_or_hold_and_others_are_unharmed(durable_url: str) -> None:
+    """A client 30 days fast (or slow) against the storage's clock is refused; the others' history stays readable."""
+    from persist import PersistConfig
+
+    good = txns.connect(durable_url)
+    fast = txns.connect(durable_url, create=False, config=PersistConfig(clock_ms=_clock(30 * DAY_MS), read_wait_s=0.2))
+    slow = txns.connect(durable_url, create=False, config=PersistConfig(clock_ms=_clock(-30 * DAY_MS)))
+    near = txns.connect(durable_url, create=False, config=PersistConfig(clock_ms=_clock(60_000)))  # within 5 min
+    try:
+        good.create_table("t", SCHEMA)
+        good.run(lambda t: t.insert("t", [{"x": 1}]))
+        history = good.history()
+        assert fast.table("t").count() == 1  # reads are fine
+        for client, way in ((fast, "ahead of"), (slow, "behind")):
+            assert client.tables() == ["t"]
+            refusals = {
+                "commit": lambda c=client: c.run(lambda t: t.insert("t", [{"x": 2}])),
+                "commit ": lambda c=client: c.create_table("u", SCHEMA),
+                "compact": lambda c=client: c.compact(),
+            }
+            for what, op in refusals.items():
+                with pytest.raises(txns.ClockSkewError, match=f"cannot {what.strip()}: this client's clock is .* {way}"):
+                    op()
+        with pytest.raises(txns.ReadTimeout):  # (a time in the storage's future is not closed by a commit)
+            fast.table("t").to_arrow(as_of=datetime.now(UTC) + timedelta(days=10))
+        assert good.history().equals(history) and good.tables() == ["t"]
+        near.latest()
+        near.run(lambda t: t.insert("t", [{"x": 3}]))
+        info = good.run(lambda t: t.insert("t", [{"x": 4}]))
+        assert info.ts is not None and abs(clock.wall_ms(info.ts) - clock.system_ms()) < 10 * 60_000
+        good.compact()
+        assert sorted(good.table("t").to_arrow().column("x").to_pylist()) == [1, 3, 4]
+        assert good.table("t").to_arrow(as_of=datetime.now(UTC)).column("x").to_pylist() == [1]  # (not locked out)
+        assert good.storage_clock.measurements == 1  # once per connection, not per commit
+    finally:
+        for d in (good, fast, slow, near):
+            d.close()
+
+
+def test_a_skewed_client_cannot_create_a_database(durable_url: str) -> None:
+    from persist import PersistConfig
+
+    with pytest.raises(txns.ClockSkewError, match="cannot create a database"):
+        txns.connect(durable_url, config=PersistConfig(clock_ms=_clock(30 * DAY_MS)))
+    txns.connect(durable_url).close()  # (nothing was left in the way)
+
+
+def test_retention_never_moves_a_since_past_the_storage_now(db_url: str) -> None:
+    """Even a client allowed a huge skew holds the since at the storage's now minus the retention, at most."""
+    from persist import PersistConfig
+
+    good = txns.connect(db_url, retention=timedelta(days=7))
+    good.create_table("t", SCHEMA)
+    good.run(lambda t: t.insert("t", [{"x": 1}]))
+    fast = txns.connect(
+        db_url, config=PersistConfig(clock_ms=_clock(30 * DAY_MS)), max_clock_skew=timedelta(days=60)
+    )
+    try:
+        fast.run(lambda t: t.insert("t", [{"x": 2}]))
+        report = fast.compact()
+        assert clock.wall_ms(report["t"]["hold"]) <= clock.system_ms() - 7 * DAY_MS + 60_000
+        assert good.table("t").earliest() <= clock.ts_of_datetime(datetime.now(UTC))
+        assert good.table("t").to_arrow(as_of=datetime.now(UTC)).column("x").to_pylist() == [1]  # not ReadBelowSince
+    finally:
+        fast.close()
+        good.close()
+
+
+def test_max_clock_skew_is_checked() -> None:
+    for bad in (timedelta(0), timedelta(minutes=-1), 300):
+        with pytest.raises(InvalidUsage, match="max_clock_skew must be a positive"):
+            txns.connect("mem://skew-bound", max_clock_skew=bad)  # type: ignore[arg-type]

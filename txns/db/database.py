@@ -105,6 +105,7 @@ from txns.db.pool import each, in_pool, pool
 from txns.db.retention import RetentionHolds, check_retention, retention_of_ms
 from txns.db.root import ROOT_KEY, RootRecord, create_root, new_proposal, read_root, root_or_leftovers, update_root
 from txns.db.scan import PlanReader, read_changes, read_table
+from txns.db.skew import DEFAULT_MAX_CLOCK_SKEW, StorageClock, check_max_skew
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.group_commit import GroupCommitter
@@ -215,6 +216,7 @@ def connect(
     retention: dt.timedelta | None = None,
     config: PersistConfig | None = None,
     isolation: str = "strict_serializable",
+    max_clock_skew: dt.timedelta | None = DEFAULT_MAX_CLOCK_SKEW,
 ) -> Database:
     """Open the database at ``url``, creating it if absent (unless ``create=False``).
 
@@ -226,16 +228,25 @@ def connect(
     ``"strict_serializable"`` or ``"serializable"`` (see :mod:`txns.db.oracle`).
 
     Raises ``DatabaseNotFound`` with ``create=False`` when there is no
-    database at ``url`` (nothing is created then, not even a directory).
+    database at ``url`` (nothing is created then, not even a directory),
+    and always where shards lie without a root record (a deleted root
+    record: :func:`txns.db.recover_root`).
+
+    ``max_clock_skew``: how far this client's clock may be from the
+    storage's before it may not create the database, commit, compact or
+    move a since (``ClockSkewError``; see :mod:`txns.db.skew`). None trusts
+    the clock (tests whose fake clock stands for everyone's time).
     """
     if not isinstance(url, str):
         raise InvalidUsage(f"connect takes a URL string, got {type(url).__name__}")
     retention_ms = None if retention is None else check_retention(retention)
     isolation = check_isolation(isolation)
+    max_skew_ms = check_max_skew(max_clock_skew)
     how = f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
     if not create and _missing_file_dir(url) is not None:
         raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
     client = PersistClient.open(url, config)
+    skew = StorageClock(client.blob, client.config.clock_ms, max_skew_ms, redact(url))
     root = read_root(client)
     handle = None
     if root is None and create:
@@ -252,6 +263,7 @@ def connect(
     if root is None:
         if not create:
             raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
+        skew.check("create a database")  # (its first upper is at this client's clock)
         proposal = new_proposal(client.config.clock_ms())
         if retention_ms is not None:
             proposal = RootRecord(proposal.txns_id, proposal.catalog_id, proposal.created_ms, retention_ms)
@@ -260,7 +272,7 @@ def connect(
         opened = _open_proposed(client, proposal)
         root = create_root(client, proposal)
         handle = opened(root)
-    return Database(client, root, url, isolation=isolation, handle=handle)
+    return Database(client, root, url, isolation=isolation, handle=handle, storage_clock=skew)
 
 
 def _open_proposed(client: PersistClient, proposal: RootRecord) -> Callable[[RootRecord], TxnsHandle | None]:
@@ -316,9 +328,14 @@ class Database:
         url: str,
         isolation: str = ISOLATION_LEVELS[0],
         handle: TxnsHandle | None = None,
+        storage_clock: StorageClock | None = None,
     ) -> None:
         self.client = client
         self.root = root
+        #: the storage's clock and this client's skew against it (:mod:`txns.db.skew`)
+        self.storage_clock = storage_clock or StorageClock(
+            client.blob, client.config.clock_ms, DEFAULT_MAX_CLOCK_SKEW // dt.timedelta(milliseconds=1), redact(url)
+        )
         #: the default isolation level of this object's transactions (see :mod:`txns.db.oracle`)
         self.isolation = check_isolation(isolation)
         self._oracles: dict[str, TimestampOracle] = {
@@ -467,7 +484,7 @@ class Database:
             cache.sync()
             if ts < cache.frontier:
                 return ts
-            if ts <= clock.ts_end_of_ms(self.client.config.clock_ms()):  # the past (or this millisecond)
+            if ts <= clock.ts_end_of_ms(self.storage_clock.now_ms()):  # the past (or this millisecond)
                 self._close_time(ts)
                 return ts
         wait = self.client.config.read_wait_s
@@ -1311,7 +1328,9 @@ class Database:
 
         ``handle`` is the caller's own: the database's, or the background worker's.
         """
-        target = min(clock.ts_of_ms(max(0, self.client.config.clock_ms() - retention_ms)), latest)
+        self.storage_clock.check("move a retention since")
+        # (never past the storage's now - retention, whatever this client's clock says)
+        target = min(clock.ts_of_ms(max(0, self.storage_clock.now_ms() - retention_ms)), latest)
         handle.unblock_read(data_id, latest)
         with self._hold_lock:
             held = self._holds.hold(data_id, target)
@@ -1396,6 +1415,7 @@ class Database:
         Spark job).
         """
         self._check_open()
+        self.storage_clock.check("compact")
         self._settle(APPLY_WAIT_S)  # (the worker's maintenance first, so the two do not race)
         report: dict[str, dict[str, Any]] = {}
         with self._lock:

@@ -1058,6 +1058,11 @@ class Transaction:
         self._check_open()
         db = self._db
         try:
+            db.storage_clock.check("commit")  # (a skewed clock would stamp it, and all after it, wrongly)
+        except BaseException:
+            self.abort()
+            raise
+        try:
             self._finish()
         except BaseException:
             self.abort()
