@@ -484,7 +484,7 @@ class Database:
             cache.sync()
             if ts < cache.frontier:
                 return ts
-            if ts <= clock.ts_end_of_ms(self.storage_clock.now_ms()):  # the past (or this millisecond)
+            if ts <= clock.ts_end_of_ms(self.storage_clock.closable_ms()):  # the past (or this millisecond)
                 self._close_time(ts)
                 return ts
         wait = self.client.config.read_wait_s

@@ -24,7 +24,7 @@ measures its skew against it:
   computed from ``min(client now, storage now)`` (:meth:`StorageClock.now_ms`).
 - Reads are not refused (they change nothing), and a read ``as_of`` a
   wall-clock time closes that time with an empty commit only when the time
-  is not in the storage's future.
+  is not past the storage's now plus the bound.
 
 ``max_clock_skew=None`` trusts the client's clock entirely (no measurement):
 for tests that move a fake clock standing for every client's and the
@@ -113,6 +113,15 @@ class StorageClock:
             f"its commit times and retention would be wrong for every client. Fix this machine's clock (NTP), "
             f"then try again; nothing was committed or changed"
         )
+
+    def closable_ms(self) -> int:
+        """The latest wall-clock time a read may close with an empty commit: now, but not past the storage's
+        now plus the bound (measurements are coarse: a few milliseconds)."""
+        local = self._local_ms()
+        storage = self.storage_ms()
+        if storage is None or self.max_skew_ms is None:
+            return local
+        return min(local, storage + self.max_skew_ms)
 
     def now_ms(self) -> int:
         """The wall-clock time for retention: the client's, but never past the storage's."""
