@@ -59,7 +59,8 @@ def test_a_transaction_committed_from_two_threads_commits_once(tmp_path: Path) -
     try:
         assert sorted(fresh.table("t").to_arrow().column("x").to_pylist()) == list(range(trials))
         history = fresh.history("t")
-        committed = [ts for ts, ops in zip(history["ts"].to_pylist(), history["operations"].to_pylist()) if not ops]
+        ops = history["operations"].to_pylist()
+        committed = [ts for ts, o in zip(history["ts"].to_pylist(), ops, strict=True) if not o]
         assert sorted(committed) == sorted(acknowledged)
     finally:
         fresh.close()
@@ -70,7 +71,7 @@ def test_a_transaction_committed_from_two_threads_commits_once(tmp_path: Path) -
 
 def _only_table_t(db: txns.Database) -> None:
     assert db.tables() == ["t"] and db.table("t").count() == 0
-    assert [ops for ops in db.history()["operations"].to_pylist()] == [["create t"]]
+    assert db.history()["operations"].to_pylist() == [["create t"]]
 
 
 def test_run_refuses_a_function_that_commits_the_transaction_itself(db: txns.Database) -> None:
@@ -85,7 +86,7 @@ def test_run_refuses_a_function_that_commits_the_transaction_itself(db: txns.Dat
             t.insert("t", [{"x": 1}])
 
     for fn in (commits, with_block):
-        with pytest.raises(InvalidUsage, match="run.*commits the transaction"):
+        with pytest.raises(InvalidUsage, match=r"run.*commits the transaction"):
             db.run(fn)
         _only_table_t(db)
     assert db.run(lambda t: t.insert("t", [{"x": 1}])).ts is not None  # (plain use still commits)
@@ -183,7 +184,7 @@ def test_a_lost_part_is_corruption_in_every_read(tmp_path: Path) -> None:
         assert db.table("u").count() == 100  # (the other table reads)
     finally:
         db.close()
-    code, out, err = cli("tables", url)
+    code, _out, err = cli("tables", url)
     assert code != 0 and "CorruptObject" in err and lost in err and "plan the read again" not in err
 
 
@@ -242,9 +243,9 @@ def test_a_deleted_root_record_is_refused_never_overwritten_and_recovers(tmp_pat
     shutil.rmtree(roots[0])
     before = _files(tmp_path / "db")
     for create in (True, False):
-        with pytest.raises(txns.DatabaseNotFound, match="no database root record.*recover_root|no database at"):
+        with pytest.raises(txns.DatabaseNotFound, match=r"no database root record.*recover_root|no database at"):
             txns.connect(url, create=create, config=config)
-    with pytest.raises(txns.DatabaseNotFound, match="holds shards .* but no database root record.*recover_root"):
+    with pytest.raises(txns.DatabaseNotFound, match=r"holds shards .* but no database root record.*recover_root"):
         txns.connect(url, config=config)
     assert _files(tmp_path / "db") == before  # nothing written: the old database is intact
     root = recover_root(url)
@@ -267,7 +268,7 @@ def test_recover_root_refuses_a_location_without_a_database(tmp_path: Path) -> N
 
     url = helpers.file_url(tmp_path / "empty")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InvalidUsage, match="found no txns shard with a catalog.*nothing was written"):
+    with pytest.raises(InvalidUsage, match=r"found no txns shard with a catalog.*nothing was written"):
         recover_root(url)
 
 
@@ -301,7 +302,8 @@ def test_a_skewed_client_cannot_commit_compact_or_hold_and_others_are_unharmed(d
                 "compact": lambda c=client: c.compact(),
             }
             for what, op in refusals.items():
-                with pytest.raises(txns.ClockSkewError, match=f"cannot {what.strip()}: this client's clock is .* {way}"):
+                expected = rf"cannot {what.strip()}: this client's clock is .* {way}"
+                with pytest.raises(txns.ClockSkewError, match=expected):
                     op()
         with pytest.raises(txns.ReadTimeout):  # (a time in the storage's future is not closed by a commit)
             fast.table("t").to_arrow(as_of=datetime.now(UTC) + timedelta(days=10))

@@ -21,8 +21,9 @@
 Modules, one job each: ``root`` (the root record), ``clock`` (hybrid
 timestamps), ``catalog`` (names -> data shards), ``arrow_io`` (inputs and
 outputs), ``scan`` (reading plans as Arrow), ``transaction``, ``table``,
-``retention``, ``recover`` (a deleted root record), ``skew`` (clients' clocks against the storage's), ``applier`` (applying commits in the background), ``oracle``
-(read and write timestamps per isolation level), ``validation`` (did what a
+``retention``, ``recover`` (a deleted root record), ``skew`` (clients'
+clocks against the storage's), ``applier`` (applying commits in the
+background), ``oracle`` (read and write timestamps per isolation level), ``validation`` (did what a
 transaction read change?), ``keyed`` (primary keys), ``read_txn``
 (read-only transactions), ``pool``
 (the threads for parallel storage calls), ``database``, ``commands`` (the

@@ -177,7 +177,8 @@ def _overlaps(reads: ReadSet, wrote: Mapping[str, set[tuple[Any, ...]] | None]) 
 def _check_not_async(fn: Callable[..., Any]) -> None:
     """InvalidUsage for an ``async def`` function (or callable object, or partial of one): ``run`` cannot await it."""
     target = fn.func if isinstance(fn, functools.partial) else fn
-    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None)):
+    call = type(target).__call__ if not inspect.isroutine(target) else None  # (a callable object's method)
+    if inspect.iscoroutinefunction(target) or (call is not None and inspect.iscoroutinefunction(call)):
         raise InvalidUsage(
             f"db.run takes a plain function of a transaction, got the async function {fn!r}, which it cannot "
             f"await; make it a plain `def` (nothing was committed)"

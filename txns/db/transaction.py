@@ -116,11 +116,11 @@ R = TypeVar("R")
 def _serialized(method: Callable[Concatenate[Transaction, P], R]) -> Callable[Concatenate[Transaction, P], R]:
     """Run ``method`` holding the transaction's lock (see the module doc: one call at a time)."""
 
-    @functools.wraps(method)
-    def locked(self: Transaction, *args: P.args, **kwargs: P.kwargs) -> R:
+    def locked(self: Transaction, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
             return method(self, *args, **kwargs)
 
+    functools.update_wrapper(locked, method)
     return locked
 
 
