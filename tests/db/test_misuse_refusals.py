@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -354,3 +355,34 @@ def test_max_clock_skew_is_checked() -> None:
     for bad in (timedelta(0), timedelta(minutes=-1), 300):
         with pytest.raises(InvalidUsage, match="max_clock_skew must be a positive"):
             txns.connect("mem://skew-bound", max_clock_skew=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.s3
+def test_a_deleted_root_record_on_s3_is_refused_and_recovers(
+    s3_url_factory: Callable[..., str], s3_admin: Any
+) -> None:
+    from persist import PersistConfig
+    from txns.db import recover_root
+
+    url = s3_url_factory("lost")
+    config = PersistConfig(retry_deadline_s=0.5)
+    db = txns.connect(url, config=config)
+    db.create_table("t", SCHEMA)
+    db.run(lambda t: t.insert("t", [{"x": 1}]))
+    db.close()
+    bucket = url.removeprefix("s3://").split("/", 1)[0]
+    listed = s3_admin.list_objects_v2(Bucket=bucket)["Contents"]
+    root_objects = [o["Key"] for o in listed if "txns-db-root" in o["Key"]]
+    assert root_objects
+    for key in root_objects:
+        s3_admin.delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(txns.DatabaseNotFound, match=r"holds shards .* but no database root record"):
+        txns.connect(url, config=config)
+    after = s3_admin.list_objects_v2(Bucket=bucket)["Contents"]
+    assert sorted(o["Key"] for o in after) == sorted(o["Key"] for o in listed if o["Key"] not in root_objects)
+    recover_root(url)
+    db = txns.connect(url, create=False)
+    try:
+        assert db.table("t").to_arrow().column("x").to_pylist() == [1]
+    finally:
+        db.close()
