@@ -386,3 +386,22 @@ def test_a_deleted_root_record_on_s3_is_refused_and_recovers(
         assert db.table("t").to_arrow().column("x").to_pylist() == [1]
     finally:
         db.close()
+
+
+def test_a_crashed_creators_leftovers_do_not_block_a_new_database(tmp_path: Path) -> None:
+    """Shards of a creator that crashed before its root record (no catalog registered): a new database is made."""
+    from persist import PersistClient, PersistConfig, ShardId
+    from txns.handle import TxnsHandle
+
+    url = helpers.file_url(tmp_path / "db")
+    config = PersistConfig(retry_deadline_s=0.5)
+    client = PersistClient.open(url, config)
+    TxnsHandle.open(client, str(ShardId.new()), init_ts=clock.ts_of_ms(clock.system_ms())).close()
+    assert (tmp_path / "db" / "consensus").is_dir() and len(list((tmp_path / "db" / "consensus").iterdir())) >= 1
+    db = txns.connect(url, config=config)
+    try:
+        assert db.tables() == []
+        db.create_table("t", SCHEMA)
+        assert db.tables() == ["t"]
+    finally:
+        db.close()

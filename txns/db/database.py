@@ -102,6 +102,7 @@ from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
 from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
+from txns.db.recover import find_databases
 from txns.db.retention import RetentionHolds, check_retention, retention_of_ms
 from txns.db.root import ROOT_KEY, RootRecord, create_root, new_proposal, read_root, root_or_leftovers, update_root
 from txns.db.scan import PlanReader, read_changes, read_table
@@ -254,7 +255,7 @@ def connect(
         found = root_or_leftovers(client)  # (one LIST on an empty location)
         if isinstance(found, RootRecord):
             root = found  # a racing creator's
-        elif found:
+        elif found and find_databases(client):  # (else only crashed creators' proposals: unused, as before)
             raise DatabaseNotFound(
                 f"the location {redact(url)!r} holds shards ({', '.join(found)}, ...) but no database root record "
                 f"({ROOT_KEY!r}): a database whose root record was deleted? A new database is never created over "

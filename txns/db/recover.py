@@ -34,23 +34,19 @@ from txns.entries import TXNS_SCHEMA
 from txns.handle import TxnsHandle
 
 
-def recover_root(
-    url: str, *, retention: dt.timedelta | None = None, config: PersistConfig | None = None
-) -> RootRecord:
-    """Write the root record of the database at ``url`` again, from its txns and catalog shards; return it.
+def find_databases(client: PersistClient) -> list[tuple[str, str, int]]:
+    """The databases whose shards are at ``client``'s location, root record or not: (txns id, catalog id, since).
 
-    ``InvalidUsage`` (nothing written) if there is a root record already, or
-    if the shards there do not identify exactly one database.
+    A txns shard counts when it registers exactly one catalog shard (its
+    database had DDL); a crashed creator's proposal (a txns shard that
+    registers nothing) does not. Reads every shard's state (one LIST and
+    a head read per shard). ``InvalidUsage`` if the store cannot list its
+    consensus keys.
     """
-    retention_ms = DEFAULT_RETENTION_MS if retention is None else check_retention(retention)
-    client = PersistClient.open(url, config)
-    where = redact(url)
-    if read_root(client) is not None:
-        raise InvalidUsage(f"the location {where!r} has a root record: nothing to recover; txns.connect it")
     if not client.consensus.lists_keys:
-        raise InvalidUsage(f"the store at {where!r} cannot list its consensus keys: recover the root by hand")
+        raise InvalidUsage(f"the store at {redact(client.url)!r} cannot list its consensus keys")
     txns_text, catalog_text = TXNS_SCHEMA.to_text(), CATALOG_SCHEMA.to_text()
-    found: list[tuple[str, str, int]] = []  # (txns id, catalog id, since)
+    found: list[tuple[str, str, int]] = []
     for key in sorted(client.consensus.list_keys()):
         if key == ROOT_KEY:
             continue
@@ -65,6 +61,23 @@ def recover_root(
         catalogs = [d for d in sorted(registered) if client.shard(d).fetch().schema == catalog_text]
         if len(catalogs) == 1:
             found.append((key, catalogs[0], state.since))
+    return found
+
+
+def recover_root(
+    url: str, *, retention: dt.timedelta | None = None, config: PersistConfig | None = None
+) -> RootRecord:
+    """Write the root record of the database at ``url`` again, from its txns and catalog shards; return it.
+
+    ``InvalidUsage`` (nothing written) if there is a root record already, or
+    if the shards there do not identify exactly one database.
+    """
+    retention_ms = DEFAULT_RETENTION_MS if retention is None else check_retention(retention)
+    client = PersistClient.open(url, config)
+    where = redact(url)
+    if read_root(client) is not None:
+        raise InvalidUsage(f"the location {where!r} has a root record: nothing to recover; txns.connect it")
+    found = find_databases(client)
     if len(found) != 1:
         what = "no txns shard with a catalog" if not found else f"{len(found)} txns shards with a catalog"
         raise InvalidUsage(
@@ -79,4 +92,4 @@ def recover_root(
     return root
 
 
-__all__ = ["recover_root"]
+__all__ = ["find_databases", "recover_root"]

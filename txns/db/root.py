@@ -22,11 +22,13 @@ Invariants:
   its ids. Nothing truncates this key.
 - A location without ``ROOT_KEY`` has no database (``connect(create=False)``
   refuses it; no operator command creates one).
-- A root record is created only where no shard exists yet (``leftovers``
-  finds none), or where one appears while waiting (a racing creator's):
-  a location with shards but no root record (a deleted root record) is
-  refused, never covered by a new empty database. ``recover_root`` writes
-  the root record again from the shards that are there.
+- A root record is created only where no database's shards are (a
+  location where ``leftovers`` finds none, or only crashed creators'
+  proposals: :func:`txns.db.recover.find_databases` finds no txns shard
+  with a catalog), or is taken from a racing creator (it appears while
+  waiting). A location holding a database but no root record (a deleted
+  root record) is refused, never covered by a new empty database:
+  ``recover_root`` writes the root record again from its shards.
 """
 
 from __future__ import annotations
@@ -108,8 +110,9 @@ def root_or_leftovers(client: PersistClient) -> RootRecord | list[str]:
 
     An empty list: the location is empty, create the database. Shards but
     no root: a racing creator's proposal (its root lands within moments:
-    waited for, up to ``LEFTOVER_WAIT_S``), or a database whose root record
-    was deleted (returned: the caller refuses, never overwrites).
+    waited for, up to ``LEFTOVER_WAIT_S``), a crashed creator's, or a
+    database whose root record was deleted (returned: the caller tells
+    the last two apart and refuses the database, never overwrites it).
     """
     found = leftovers(client)
     if not found:
