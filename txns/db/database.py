@@ -104,7 +104,16 @@ from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, Timestam
 from txns.db.pool import each, in_pool, pool
 from txns.db.recover import find_databases
 from txns.db.retention import RetentionHolds, check_retention, retention_of_ms
-from txns.db.root import ROOT_KEY, RootRecord, create_root, new_proposal, read_root, root_or_leftovers, update_root
+from txns.db.root import (
+    LEFTOVERS_SHOWN,
+    ROOT_KEY,
+    RootRecord,
+    create_root,
+    new_proposal,
+    read_root,
+    root_or_leftovers,
+    update_root,
+)
 from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.skew import DEFAULT_MAX_CLOCK_SKEW, StorageClock, check_max_skew
 from txns.db.validation import ReadSet, conflict, writes_in
@@ -256,11 +265,12 @@ def connect(
         if isinstance(found, RootRecord):
             root = found  # a racing creator's
         elif found and find_databases(client):  # (else only crashed creators' proposals: unused, as before)
+            shards = ", ".join(found) + (", ..." if len(found) >= LEFTOVERS_SHOWN else "")
             raise DatabaseNotFound(
-                f"the location {redact(url)!r} holds shards ({', '.join(found)}, ...) but no database root record "
-                f"({ROOT_KEY!r}): a database whose root record was deleted? A new database is never created over "
-                f"it. Recover it with txns.db.recover_root({redact(url)!r}) (README: \"Recovering a deleted root "
-                f"record\"), or use an empty location"
+                f"the location {redact(url)!r} holds shards ({shards}) "
+                f"but no database root record ({ROOT_KEY!r}): a database whose root record was deleted? A new "
+                f"database is never created over it. Recover it with txns.db.recover_root({redact(url)!r}) "
+                f"(README: \"Clocks, and a deleted root record\"), or use an empty location"
             )
     if root is None:
         if not create:

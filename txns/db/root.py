@@ -90,7 +90,11 @@ LEFTOVER_WAIT_S = 5.0
 """How long a creator that finds shards but no root record waits for a racing creator's root to land."""
 
 
-def leftovers(client: PersistClient, limit: int = 5) -> list[str]:
+LEFTOVERS_SHOWN = 5
+"""How many of the shards found at a location without a root record ``leftovers`` returns (for messages)."""
+
+
+def leftovers(client: PersistClient, limit: int = LEFTOVERS_SHOWN) -> list[str]:
     """Up to ``limit`` consensus keys other than the root record (shards) at ``client``'s location.
 
     Consensus keys where the backend lists them (file, S3, mem: one LIST on a
