@@ -406,3 +406,35 @@ def test_a_crashed_creators_leftovers_do_not_block_a_new_database(tmp_path: Path
         assert db.tables() == ["t"]
     finally:
         db.close()
+
+
+def test_a_lost_part_of_a_committed_unapplied_batch_is_corruption(tmp_path: Path) -> None:
+    """A part named only by the txns log (committed, not applied to its table yet), deleted: CorruptObject."""
+    from persist import CorruptObject, PersistConfig
+
+    url = helpers.file_url(tmp_path / "db")
+    db = txns.connect(url, config=PersistConfig(inline_max_bytes=0))
+    try:
+        db.create_table("t", SCHEMA)
+        db._settle()
+        e = db.entry("t", db.latest())
+        # committed through the core alone: nothing applies it (as after a crash right after the commit)
+        t = db.transaction()
+        t.insert("t", [{"x": i} for i in range(10)])
+        t._finish()
+        (batch,) = t._batches[e.data_id]
+        txn = db._begin({})
+        txn.write_batch(e.data_id, batch)
+        txn.commit_at(db.handle, max(db.latest() + 1, clock.ts_of_ms(clock.system_ms())))
+        assert db.client.shard(e.data_id).fetch().upper <= db.latest()  # not applied
+        (lost,) = {p.key for r in batch.runs for p in r.parts}
+    finally:
+        db.close()
+    (tmp_path / "db" / "blob" / lost).unlink()
+    reader = txns.connect(url, create=False)
+    try:
+        for read in (lambda: reader.table("t").count(), lambda: reader.table("t").to_arrow()):
+            with pytest.raises(CorruptObject, match="not applied to its table yet"):
+                read()
+    finally:
+        reader.close()
