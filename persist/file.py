@@ -382,6 +382,19 @@ class FileBlob(Blob):
                 f"file blob delete {key!r}: fsync of {str(path.parent)!r} failed: {e}"
             ) from e
 
+    def storage_now_ms(self) -> int:
+        """The file system's clock: the modification time of a probe file created (and deleted) now."""
+        probe = self._root / f"{_TMP_PREFIX}clock-{random_hex()}"
+        try:
+            fd = os.open(probe, _O_TMP, 0o666)
+            try:
+                return os.fstat(fd).st_mtime_ns // 1_000_000
+            finally:
+                os.close(fd)
+                _unlink_quietly(probe)
+        except OSError as e:
+            raise Determinate(f"file blob clock probe in {str(self._root)!r} failed: {e}") from e
+
     def list_keys(self, prefix: str) -> Iterator[str]:
         dir_part, sep, _ = prefix.rpartition("/")
         start = self._root

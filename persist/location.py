@@ -79,6 +79,18 @@ class Blob(ABC):
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every key that starts with ``prefix``."""
 
+    def storage_now_ms(self) -> int | None:
+        """The storage's own clock now (ms since the epoch), or None when it has none of its own.
+
+        For clients to measure their clock's skew against the one clock they
+        all share. At most one request, often none: the file store stats a
+        probe file it creates and deletes (the file system's clock); S3 reads
+        the ``Date`` header of its last response (second precision), making
+        a request only when it has received none for a while. The default
+        (and the in-process store, whose clock is this process's) is None.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional to override: a no-op by default
         """Release resources. The default does nothing."""
 

@@ -29,8 +29,10 @@ thread-safe).
 
 from __future__ import annotations
 
+import email.utils
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -120,6 +122,51 @@ def make_client(
         "before-send.s3", _count_attempt, unique_id="persist-count-attempts"
     )
     return client
+
+
+DATE_FRESH_S = 60.0
+"""S3's clock is read from its last response's ``Date`` header while that is younger than this; else one request."""
+
+
+class _DateClock:
+    """The S3 server's clock, from the ``Date`` header of every response a client receives (no extra request).
+
+    ``Date`` has second precision: the server's time at receipt is taken as
+    the header's second plus half a second, advanced by the monotonic time
+    since. One per boto3 client (attached to it by :meth:`of`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: tuple[int, float] | None = None  # (server ms at receipt, time.monotonic() then)
+
+    @staticmethod
+    def of(client: Any) -> _DateClock:
+        clock: _DateClock | None = getattr(client, "_persist_date_clock", None)
+        if clock is None:
+            clock = _DateClock()
+            client._persist_date_clock = clock
+            client.meta.events.register("after-call.s3", clock.note, unique_id="persist-date-clock")
+        return clock
+
+    def note(self, http_response: Any = None, **_kwargs: Any) -> None:
+        date = getattr(http_response, "headers", {}).get("Date") if http_response is not None else None
+        if not date:
+            return
+        try:
+            ms = int(email.utils.parsedate_to_datetime(date).timestamp() * 1000) + 500
+        except (TypeError, ValueError):
+            return
+        with self._lock:
+            self._seen = (ms, time.monotonic())
+
+    def now_ms(self, max_age_s: float) -> int | None:
+        """The server's time now, if a response came within ``max_age_s``."""
+        with self._lock:
+            seen = self._seen
+        if seen is None or time.monotonic() - seen[1] > max_age_s:
+            return None
+        return seen[0] + int((time.monotonic() - seen[1]) * 1000)
 
 
 def _status(exc: ClientError) -> int | None:
@@ -250,6 +297,15 @@ class S3Blob(_S3Base, Blob):
 
     def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         super().__init__(client, bucket, prefix, "blob")
+        self._clock = _DateClock.of(client)
+
+    def storage_now_ms(self) -> int | None:
+        """S3's clock: from the last response's ``Date`` header, else from a ``HeadBucket`` made now."""
+        now = self._clock.now_ms(DATE_FRESH_S)
+        if now is None:
+            self._call(self._client.head_bucket, f"s3 clock {self._where('')}", False, Bucket=self._bucket)
+            now = self._clock.now_ms(DATE_FRESH_S)
+        return now
 
     def get(self, key: str) -> bytes | None:
         full = self._base + key
@@ -448,6 +504,7 @@ def open_s3(
     credentials; raises ``InvalidUsage`` saying what to fix if not.
     """
     client = make_client(endpoint_url, region, **client_options)
+    _DateClock.of(client)  # (before the first request: its Date is the first reading of S3's clock)
     where = f"s3://{bucket}" + (f" at {endpoint_url}" if endpoint_url else "")
     try:
         client.head_bucket(Bucket=bucket)

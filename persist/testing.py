@@ -60,6 +60,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -242,6 +243,14 @@ class BlobConformance:
 
     def test_blob_capabilities_are_declared(self, blob_factory: BlobFactory) -> None:
         assert isinstance(blob_factory().keys_nest, bool)
+
+    def test_blob_storage_clock(self, blob_factory: BlobFactory) -> None:
+        """``storage_now_ms`` is None or the storage's time (here: the same machine's, so near this clock),
+        and it leaves no key behind (the file store's probe file is deleted)."""
+        blob = blob_factory()
+        now = blob.storage_now_ms()
+        assert now is None or abs(now - time.time() * 1000) < 60_000, now
+        assert list(blob.list_keys("")) == []
 
     def test_blob_missing_key_is_none(self, blob_factory: BlobFactory) -> None:
         blob = blob_factory()

@@ -288,6 +288,9 @@ class CountingBlob(_Wrapper, Blob):
     def list_keys(self, prefix: str) -> Iterator[str]:
         return self._run(Op.BLOB_LIST_KEYS, repr(prefix), lambda: self.inner.list_keys(prefix))
 
+    def storage_now_ms(self) -> int | None:
+        return self.inner.storage_now_ms()  # (not counted, no faults: a clock reading)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -27,6 +27,7 @@ from txns.cache import ListenNext, TxnsCache
 # The database layer (names, Arrow, history, retention), on top of the core modules.
 from txns.db import (
     Abort,
+    ClockSkewError,
     CommitInfo,
     Database,
     DatabaseNotFound,
@@ -51,6 +52,7 @@ from txns.txn import Tidy, Txn, TxnApply
 
 __all__ = [
     "Abort",
+    "ClockSkewError",
     "BatchContext",
     "GroupCommitFailed",
     "GroupCommitter",

@@ -1,7 +1,8 @@
 """Retention: the database holds each table's since at now - retention, so compaction forgets old history.
 
 The clock is the database's own (``PersistConfig.clock_ms``), moved forward
-by the test instead of sleeping.
+by the test instead of sleeping; it stands for every client's and the
+storage's time at once, so the clock skew check is off (``max_clock_skew=None``).
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def test_a_thousand_updates_compact_back_to_the_live_rows(tmp_path: Path) -> Non
 
 def test_per_table_retention(db_url: str) -> None:
     fake = FakeClock()
-    db = txns.connect(db_url, retention=RETENTION, config=PersistConfig(part_grace_s=0, clock_ms=fake))
+    db = txns.connect(
+        db_url, retention=RETENTION, config=PersistConfig(part_grace_s=0, clock_ms=fake), max_clock_skew=None
+    )
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
     db.create_table("short", schema, retention=dt.timedelta(minutes=1))
     db.create_table("long", schema)
@@ -127,7 +130,12 @@ def snapshot_of(db: txns.Database, name: str, as_of: int) -> list:
 def test_commits_move_the_holds_without_an_explicit_compact(db_url: str) -> None:
     """The database moves a written table's hold as it commits (at most once a minute) and compacts small tables."""
     fake = FakeClock()
-    db = txns.connect(db_url, retention=dt.timedelta(minutes=5), config=PersistConfig(part_grace_s=0, clock_ms=fake))
+    db = txns.connect(
+        db_url,
+        retention=dt.timedelta(minutes=5),
+        config=PersistConfig(part_grace_s=0, clock_ms=fake),
+        max_clock_skew=None,
+    )
     db.create_table("t", pa.schema([("k", pa.int64()), ("v", pa.int64())]))
     with db.transaction() as t:
         t.insert("t", version(0))
@@ -152,6 +160,7 @@ def test_a_dropped_table_is_released_once_its_history_is_gone(db_url: str) -> No
         db_url,
         retention=RETENTION,
         config=PersistConfig(part_grace_s=60, clock_ms=fake, inline_max_bytes=0),  # (data in parts)
+        max_clock_skew=None,
     )
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
     db.create_table("t", schema)

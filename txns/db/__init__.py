@@ -21,8 +21,9 @@
 Modules, one job each: ``root`` (the root record), ``clock`` (hybrid
 timestamps), ``catalog`` (names -> data shards), ``arrow_io`` (inputs and
 outputs), ``scan`` (reading plans as Arrow), ``transaction``, ``table``,
-``retention``, ``applier`` (applying commits in the background), ``oracle``
-(read and write timestamps per isolation level), ``validation`` (did what a
+``retention``, ``recover`` (a deleted root record), ``skew`` (clients'
+clocks against the storage's), ``applier`` (applying commits in the
+background), ``oracle`` (read and write timestamps per isolation level), ``validation`` (did what a
 transaction read change?), ``keyed`` (primary keys), ``read_txn``
 (read-only transactions), ``pool``
 (the threads for parallel storage calls), ``database``, ``commands`` (the
@@ -43,12 +44,15 @@ from txns.db.errors import (
     TransactionClosed,
     TransactionConflict,
 )
+from txns.db.recover import recover_root
+from txns.db.skew import ClockSkewError
 from txns.db.table import Table
 from txns.db.transaction import CommitInfo, Transaction
 
 __all__ = [
     "BatchResult",
     "Abort",
+    "ClockSkewError",
     "CommitInfo",
     "Database",
     "DatabaseNotFound",
@@ -64,4 +68,5 @@ __all__ = [
     "TransactionClosed",
     "TransactionConflict",
     "connect",
+    "recover_root",
 ]

@@ -63,6 +63,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
+import inspect
 import json
 import logging
 import threading
@@ -76,11 +78,13 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from persist import (
+    CorruptObject,
     Indeterminate,
     InvalidUsage,
     PartRetired,
     PersistClient,
     PersistConfig,
+    PersistError,
     ReadBelowSince,
     ReadTimeout,
     Schema,
@@ -98,9 +102,20 @@ from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
 from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
-from txns.db.retention import RetentionHolds, check_retention
-from txns.db.root import RootRecord, create_root, new_proposal, read_root, update_root
+from txns.db.recover import find_databases
+from txns.db.retention import RetentionHolds, check_retention, retention_of_ms
+from txns.db.root import (
+    LEFTOVERS_SHOWN,
+    ROOT_KEY,
+    RootRecord,
+    create_root,
+    new_proposal,
+    read_root,
+    root_or_leftovers,
+    update_root,
+)
 from txns.db.scan import PlanReader, read_changes, read_table
+from txns.db.skew import DEFAULT_MAX_CLOCK_SKEW, StorageClock, check_max_skew
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.group_commit import GroupCommitter
@@ -169,6 +184,29 @@ def _overlaps(reads: ReadSet, wrote: Mapping[str, set[tuple[Any, ...]] | None]) 
     return False
 
 
+def _check_not_async(fn: Callable[..., Any]) -> None:
+    """InvalidUsage for an ``async def`` function (or callable object, or partial of one): ``run`` cannot await it."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    call = type(target).__call__ if not inspect.isroutine(target) else None  # (a callable object's method)
+    if inspect.iscoroutinefunction(target) or (call is not None and inspect.iscoroutinefunction(call)):
+        raise InvalidUsage(
+            f"db.run takes a plain function of a transaction, got the async function {fn!r}, which it cannot "
+            f"await; make it a plain `def` (nothing was committed)"
+        )
+
+
+def _check_not_awaitable(fn: Callable[..., Any], result: object) -> None:
+    """InvalidUsage if ``fn(t)`` returned an awaitable (closed unawaited, so it never runs)."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        raise InvalidUsage(
+            f"db.run's function {fn!r} returned an awaitable ({type(result).__name__}), which run cannot "
+            f"await: its work never ran; make it a plain `def` (nothing was committed)"
+        )
+
+
 def _missing_file_dir(url: str) -> str | None:
     """For a ``file://`` URL whose directory does not exist, that directory (opening would create it)."""
     scheme, sep, rest = url.partition("://")
@@ -189,6 +227,7 @@ def connect(
     retention: dt.timedelta | None = None,
     config: PersistConfig | None = None,
     isolation: str = "strict_serializable",
+    max_clock_skew: dt.timedelta | None = DEFAULT_MAX_CLOCK_SKEW,
 ) -> Database:
     """Open the database at ``url``, creating it if absent (unless ``create=False``).
 
@@ -200,21 +239,43 @@ def connect(
     ``"strict_serializable"`` or ``"serializable"`` (see :mod:`txns.db.oracle`).
 
     Raises ``DatabaseNotFound`` with ``create=False`` when there is no
-    database at ``url`` (nothing is created then, not even a directory).
+    database at ``url`` (nothing is created then, not even a directory),
+    and always where shards lie without a root record (a deleted root
+    record: :func:`txns.db.recover_root`).
+
+    ``max_clock_skew``: how far this client's clock may be from the
+    storage's before it may not create the database, commit, compact or
+    move a since (``ClockSkewError``; see :mod:`txns.db.skew`). None trusts
+    the clock (tests whose fake clock stands for everyone's time).
     """
     if not isinstance(url, str):
         raise InvalidUsage(f"connect takes a URL string, got {type(url).__name__}")
     retention_ms = None if retention is None else check_retention(retention)
     isolation = check_isolation(isolation)
+    max_skew_ms = check_max_skew(max_clock_skew)
     how = f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
     if not create and _missing_file_dir(url) is not None:
         raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
     client = PersistClient.open(url, config)
+    skew = StorageClock(client.blob, client.config.clock_ms, max_skew_ms, redact(url))
     root = read_root(client)
     handle = None
+    if root is None and create:
+        found = root_or_leftovers(client)  # (one LIST on an empty location)
+        if isinstance(found, RootRecord):
+            root = found  # a racing creator's
+        elif found and find_databases(client):  # (else only crashed creators' proposals: unused, as before)
+            shards = ", ".join(found) + (", ..." if len(found) >= LEFTOVERS_SHOWN else "")
+            raise DatabaseNotFound(
+                f"the location {redact(url)!r} holds shards ({shards}) "
+                f"but no database root record ({ROOT_KEY!r}): a database whose root record was deleted? A new "
+                f"database is never created over it. Recover it with txns.db.recover_root({redact(url)!r}) "
+                f"(README: \"Clocks, and a deleted root record\"), or use an empty location"
+            )
     if root is None:
         if not create:
             raise DatabaseNotFound(f"no database at {redact(url)!r}; {how}")
+        skew.check("create a database")  # (its first upper is at this client's clock)
         proposal = new_proposal(client.config.clock_ms())
         if retention_ms is not None:
             proposal = RootRecord(proposal.txns_id, proposal.catalog_id, proposal.created_ms, retention_ms)
@@ -223,7 +284,7 @@ def connect(
         opened = _open_proposed(client, proposal)
         root = create_root(client, proposal)
         handle = opened(root)
-    return Database(client, root, url, isolation=isolation, handle=handle)
+    return Database(client, root, url, isolation=isolation, handle=handle, storage_clock=skew)
 
 
 def _open_proposed(client: PersistClient, proposal: RootRecord) -> Callable[[RootRecord], TxnsHandle | None]:
@@ -279,9 +340,14 @@ class Database:
         url: str,
         isolation: str = ISOLATION_LEVELS[0],
         handle: TxnsHandle | None = None,
+        storage_clock: StorageClock | None = None,
     ) -> None:
         self.client = client
         self.root = root
+        #: the storage's clock and this client's skew against it (:mod:`txns.db.skew`)
+        self.storage_clock = storage_clock or StorageClock(
+            client.blob, client.config.clock_ms, DEFAULT_MAX_CLOCK_SKEW // dt.timedelta(milliseconds=1), redact(url)
+        )
         #: the default isolation level of this object's transactions (see :mod:`txns.db.oracle`)
         self.isolation = check_isolation(isolation)
         self._oracles: dict[str, TimestampOracle] = {
@@ -322,7 +388,7 @@ class Database:
     @property
     def retention(self) -> dt.timedelta:
         """The default history retention of this database's tables."""
-        return dt.timedelta(milliseconds=self.root.retention_ms)
+        return retention_of_ms(self.root.retention_ms)
 
     def set_retention(self, retention: dt.timedelta) -> None:
         """Change the database's default history retention (tables without their own use it)."""
@@ -430,7 +496,7 @@ class Database:
             cache.sync()
             if ts < cache.frontier:
                 return ts
-            if ts <= clock.ts_end_of_ms(self.client.config.clock_ms()):  # the past (or this millisecond)
+            if ts <= clock.ts_end_of_ms(self.storage_clock.closable_ms()):  # the past (or this millisecond)
                 self._close_time(ts)
                 return ts
         wait = self.client.config.read_wait_s
@@ -540,11 +606,33 @@ class Database:
         return PlanReader(self.client.blob, plan, cols, filter, self.client.config.retry_deadline_s)
 
     def _read_checked(self, data_id: str, read: Callable[[], T]) -> T:
-        """``read()`` of a plan of ``data_id``; a part found missing is classified (``ShardView.missing_part``)."""
+        """``read()`` of a plan of ``data_id``; a part found missing is classified (:meth:`missing_part`)."""
         try:
             return read()
         except PartRetired as e:
-            raise self.client.shard(data_id).missing_part(e.key) from None
+            raise self.missing_part(data_id, e.key) from None
+
+    def missing_part(self, data_id: str, key: str) -> PersistError:
+        """The error for part ``key`` of ``data_id`` found missing by a read: lost data, or retired by compaction.
+
+        ``CorruptObject`` when what a plan made now would read still names
+        the part: the data shard's state read afresh (``ShardView.missing_part``),
+        or a committed batch the shard has not applied yet (a txns entry at or
+        above that state's upper, which no compaction can have retired). Else
+        ``PartRetired``: compaction replaced the part after the read was
+        planned, and planning again (from the state just read) finds its
+        successor. The one classification every read of the database uses.
+        """
+        verdict = self.client.shard(data_id).missing_part(key)  # (reads the head: plans use it from now on)
+        if not isinstance(verdict, PartRetired):
+            return verdict
+        upper = self.client.shard(data_id).state().upper
+        with self._lock:
+            pending = [e for e in self.handle.cache.entries if e.data_id == data_id and e.batch and e.ts >= upper]
+        for entry in pending:
+            if any(p.key == key for r in entry.decode_batch().runs for p in r.parts):
+                return CorruptObject(key, "a part of a committed batch (not applied to its table yet) is missing")
+        return verdict
 
     def _remember_catalog(self, key: tuple[str, int], view: CatalogView) -> None:
         if len(self._catalogs) > 64:
@@ -650,7 +738,10 @@ class Database:
         """Run ``fn(t)`` in a transaction and commit it; on a conflict, run it again. Returns the commit info.
 
         ``fn`` may run more than once: it must act only through ``t`` (no
-        side effects elsewhere). Raising ``txns.Abort`` (or any exception)
+        side effects elsewhere). ``run`` commits ``t`` itself: ``t.commit()``
+        or ``with t:`` inside ``fn`` raises ``InvalidUsage`` (nothing
+        commits), and so does an ``async def`` function (or one returning an
+        awaitable), which ``run`` cannot await. Raising ``txns.Abort`` (or any exception)
         inside it commits nothing and propagates. After ``max_attempts``
         conflicting attempts (with jittered backoff between them),
         ``TransactionConflict`` says how many ran. A storage failure of
@@ -672,13 +763,15 @@ class Database:
             raise InvalidUsage(f"max_attempts must be a positive int, got {max_attempts!r}")
         if not callable(fn):
             raise InvalidUsage(f"run takes a function of a transaction, got {type(fn).__name__}")
+        _check_not_async(fn)
         level = check_isolation(isolation or self.isolation)
         last: TransactionConflict | None = None
         for attempt in range(1, max_attempts + 1):
             t = self.transaction(metadata, isolation=level)
+            t._in_run = True  # (t.commit() and `with t:` inside fn are refused: run commits it)
             try:
-                fn(t)
-                info = t.commit()
+                _check_not_awaitable(fn, fn(t))
+                info = t._commit()
             except TransactionConflict as e:
                 last = e
                 t.abort()
@@ -1167,7 +1260,7 @@ class Database:
         ret = entry.retention_ms if entry.retention_ms is not None else self.root.retention_ms
         return ReadBelowSince(
             f"table {entry.name!r}: as_of {clock.describe(ts)} is before its retained history "
-            f"(retention {dt.timedelta(milliseconds=ret)}); the earliest readable time is {clock.describe(since)}",
+            f"(retention {retention_of_ms(ret)}); the earliest readable time is {clock.describe(since)}",
             since,
         )
 
@@ -1247,7 +1340,9 @@ class Database:
 
         ``handle`` is the caller's own: the database's, or the background worker's.
         """
-        target = min(clock.ts_of_ms(max(0, self.client.config.clock_ms() - retention_ms)), latest)
+        self.storage_clock.check("move a retention since")
+        # (never past the storage's now - retention, whatever this client's clock says)
+        target = min(clock.ts_of_ms(max(0, self.storage_clock.now_ms() - retention_ms)), latest)
         handle.unblock_read(data_id, latest)
         with self._hold_lock:
             held = self._holds.hold(data_id, target)
@@ -1332,6 +1427,7 @@ class Database:
         Spark job).
         """
         self._check_open()
+        self.storage_clock.check("compact")
         self._settle(APPLY_WAIT_S)  # (the worker's maintenance first, so the two do not race)
         report: dict[str, dict[str, Any]] = {}
         with self._lock:

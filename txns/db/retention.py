@@ -17,6 +17,8 @@ Invariants:
   written after the change.
 - Reads below the since raise ``ReadBelowSince`` (the table layer names the
   earliest readable time).
+- A retention is between 0 and ``MAX_RETENTION`` (checked when set), and a
+  stored one always reads back as a ``timedelta`` (``retention_of_ms``).
 
 ``WriteHandle.compact_all`` (persist) merges every batch of a shard into one (when they fit
 ``compaction_max_bytes``), consolidated at the since: after many updates of
@@ -37,14 +39,28 @@ log = logging.getLogger(__name__)
 RETENTION_READER = "txns-db-retention"
 
 
+MAX_RETENTION = dt.timedelta(days=100 * 365)
+"""The longest history retention a database or table accepts (100 years)."""
+MAX_RETENTION_MS = MAX_RETENTION // dt.timedelta(milliseconds=1)
+
+
 def check_retention(retention: object, what: str = "retention") -> int:
-    """``retention`` (a ``timedelta``) as milliseconds, or InvalidUsage."""
+    """``retention`` (a ``timedelta`` from 0 to ``MAX_RETENTION``) as whole milliseconds, or InvalidUsage."""
     if isinstance(retention, dt.timedelta):
-        ms = int(retention.total_seconds() * 1000)
-        if ms < 0:
+        if retention < dt.timedelta(0):
             raise InvalidUsage(f"{what} must not be negative, got {retention}")
-        return ms
+        if retention > MAX_RETENTION:
+            raise InvalidUsage(
+                f"{what} must be at most {MAX_RETENTION.days} days (100 years), got {retention}; "
+                f"pass timedelta(days={MAX_RETENTION.days}) to keep history that long"
+            )
+        return retention // dt.timedelta(milliseconds=1)
     raise InvalidUsage(f"{what} must be a datetime.timedelta (e.g. timedelta(days=7)), got {retention!r}")
+
+
+def retention_of_ms(ms: int) -> dt.timedelta:
+    """A stored retention (milliseconds) as a ``timedelta``; always readable (values past the bound read as it)."""
+    return dt.timedelta(milliseconds=min(max(int(ms), 0), MAX_RETENTION_MS))
 
 
 class RetentionHolds:
@@ -68,4 +84,4 @@ class RetentionHolds:
         return res.since
 
 
-__all__ = ["RETENTION_READER", "RetentionHolds", "check_retention"]
+__all__ = ["MAX_RETENTION", "RETENTION_READER", "RetentionHolds", "check_retention", "retention_of_ms"]

@@ -22,6 +22,13 @@ Invariants:
   its ids. Nothing truncates this key.
 - A location without ``ROOT_KEY`` has no database (``connect(create=False)``
   refuses it; no operator command creates one).
+- A root record is created only where no database's shards are (a
+  location where ``leftovers`` finds none, or only crashed creators'
+  proposals: :func:`txns.db.recover.find_databases` finds no txns shard
+  with a catalog), or is taken from a racing creator (it appears while
+  waiting). A location holding a database but no root record (a deleted
+  root record) is refused, never covered by a new empty database:
+  ``recover_root`` writes the root record again from its shards.
 """
 
 from __future__ import annotations
@@ -77,6 +84,53 @@ def read_root(client: PersistClient) -> RootRecord | None:
     """The root record at ``client``'s location, or None if there is no database there."""
     head = _retrying(client, lambda: client.consensus.head(ROOT_KEY))
     return None if head is None else RootRecord.decode(head.data, head.seqno)
+
+
+LEFTOVER_WAIT_S = 5.0
+"""How long a creator that finds shards but no root record waits for a racing creator's root to land."""
+
+
+LEFTOVERS_SHOWN = 5
+"""How many of the shards found at a location without a root record ``leftovers`` returns (for messages)."""
+
+
+def leftovers(client: PersistClient, limit: int = LEFTOVERS_SHOWN) -> list[str]:
+    """Up to ``limit`` consensus keys other than the root record (shards) at ``client``'s location.
+
+    Consensus keys where the backend lists them (file, S3, mem: one LIST on a
+    new location), else blob keys. Empty: nothing of a database is there.
+    """
+    found: list[str] = []
+    if client.consensus.lists_keys:
+        keys = _retrying(client, lambda: list(client.consensus.list_keys()))
+        found = [k for k in keys if k != ROOT_KEY]
+    else:
+        found = _retrying(client, lambda: [k for _, k in zip(range(limit), client.blob.list_keys(""), strict=False)])
+    return sorted(found)[:limit]
+
+
+def root_or_leftovers(client: PersistClient) -> RootRecord | list[str]:
+    """For a creator that found no root record: the root, if a racing creator writes one; else the shards there.
+
+    An empty list: the location is empty, create the database. Shards but
+    no root: a racing creator's proposal (its root lands within moments:
+    waited for, up to ``LEFTOVER_WAIT_S``), a crashed creator's, or a
+    database whose root record was deleted (returned: the caller tells
+    the last two apart and refuses the database, never overwrites it).
+    """
+    found = leftovers(client)
+    if not found:
+        return found
+    deadline = time.monotonic() + min(LEFTOVER_WAIT_S, client.config.retry_deadline_s)
+    attempt = 0
+    while True:
+        root = read_root(client)
+        if root is not None:
+            return root
+        if time.monotonic() > deadline:
+            return found
+        attempt += 1
+        backoff(attempt)
 
 
 def create_root(client: PersistClient, proposal: RootRecord) -> RootRecord:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from persist import InvalidUsage
+from persist import InvalidUsage, PartRetired
 from txns.db import clock
 from txns.db.arrow_io import to_pandas, to_polars
 from txns.db.catalog import TableEntry
+from txns.db.retention import retention_of_ms
 from txns.db.scan import PlanReader, check_columns, check_filter, read_changes, read_table, scan
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Table:
         """The table's history retention (its own, else the database's)."""
         e = self._at(None)[0]
         ms = e.retention_ms if e.retention_ms is not None else self.db.root.retention_ms
-        return dt.timedelta(milliseconds=ms)
+        return retention_of_ms(ms)
 
     def _reader_args(self, e: TableEntry, columns: object, filter: object) -> tuple[list[str], Any]:
         return check_columns(e.schema, columns), check_filter(e.schema, filter)
@@ -89,7 +90,15 @@ class Table:
 
     def count(self, as_of: AsOf = None) -> int:
         """How many rows the table has at ``as_of``."""
-        return sum(b.num_rows for b in self.scan(as_of=as_of, columns=[self._at(as_of)[0].schema.names[0]]))
+        e, ts = self._at(as_of)
+        db = self.db
+        cols = [e.schema.names[0]]
+
+        def read(plan: Any) -> int:
+            reader = PlanReader(db.client.blob, plan, cols, None, db.client.config.retry_deadline_s)
+            return sum(b.num_rows for b in scan(reader))
+
+        return db.with_replan(e, ts, read)
 
     def scan(self, *, columns: list[str] | None = None, filter: Any = None, as_of: AsOf = None) -> pa.RecordBatchReader:
         """The rows at ``as_of`` as a ``pyarrow.RecordBatchReader``, read part by part (bounded memory).
@@ -103,7 +112,10 @@ class Table:
         reader = PlanReader(db.client.blob, plan, cols, expr, db.client.config.retry_deadline_s)
 
         def batches() -> Iterator[pa.RecordBatch]:
-            yield from scan(reader)
+            try:
+                yield from scan(reader)
+            except PartRetired as err:  # lost (CorruptObject), or retired since the scan began: scan again
+                raise db.missing_part(e.data_id, err.key) from None
 
         return pa.RecordBatchReader.from_batches(reader.out_schema, batches())
 

@@ -37,21 +37,38 @@ Invariants:
   (``Txn.register``): an abandoned transaction leaves nothing registered.
 - ``commit`` returns once the commit is durable; the database applies it in
   the background (:mod:`txns.db.applier`).
+- A transaction commits at most once, even when threads share it: every
+  public method holds the transaction's lock, so calls from several
+  threads run one at a time; a ``commit()`` that finds the transaction
+  committed (or abandoned) by another call raises ``TransactionClosed``
+  saying so (with the commit's time). No call can change or discard what
+  a commit in progress commits.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import Batch, BatchBuilder, Indeterminate, InvalidUsage, SchemaMismatch, ShardId, WriteHandle
+from persist import (
+    Batch,
+    BatchBuilder,
+    Indeterminate,
+    InvalidUsage,
+    PartRetired,
+    SchemaMismatch,
+    ShardId,
+    WriteHandle,
+)
 from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
@@ -91,6 +108,20 @@ KEYED_WRITES_BYTES = 64 << 20
 """A transaction's writes to keyed tables (kept in memory, by key) are limited to this many (Arrow) bytes."""
 KEY_CACHE_KEYS = 100_000
 """Committed rows found by a transaction's point reads, cached for its later ones: at most this many keys."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _serialized(method: Callable[Concatenate[Transaction, P], R]) -> Callable[Concatenate[Transaction, P], R]:
+    """Run ``method`` holding the transaction's lock (see the module doc: one call at a time)."""
+
+    def locked(self: Transaction, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    functools.update_wrapper(locked, method)
+    return locked
 
 
 @dataclass(frozen=True)
@@ -166,13 +197,23 @@ class Transaction:
         self._key_cache: dict[str, dict[Key, list[dict[str, Any]]]] = {}  # committed rows at _read_ts, by key
         self._key_cache_size = 0
         self._state = "open"
+        # SUBTLE: reentrant, since public methods call each other (and Spark's
+        # writers call private ones) on the thread that holds it.
+        self._lock = threading.RLock()
+        self._in_run = False  # owned by db.run, which commits it (see Database.run)
         self.commit_info: CommitInfo | None = None
 
     # ---- context manager ----------------------------------------------------------------
 
     def __enter__(self) -> Transaction:
+        if self._in_run:
+            raise InvalidUsage(
+                "db.run(fn) commits the transaction it passes to fn: use t directly inside fn, not "
+                "`with t:` (nothing was committed)"
+            )
         return self
 
+    @_serialized
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self._state != "open":
             return
@@ -183,7 +224,13 @@ class Transaction:
 
     def _check_open(self) -> None:
         if self._state != "open":
-            raise TransactionClosed(f"this transaction is {self._state}; start a new one with db.transaction()")
+            at = ""
+            if self._state == "committed" and self.commit_info is not None and self.commit_info.ts is not None:
+                at = f" (at {clock.describe(self.commit_info.ts)}, txn {self.commit_info.txn_id})"
+            raise TransactionClosed(
+                f"this transaction is {self._state}{at}; a transaction commits once (a commit() from another "
+                f"thread may have done it): start a new one with db.transaction()"
+            )
 
     def _entry(self, name: str) -> TableEntry:
         check_name(name)
@@ -198,6 +245,7 @@ class Transaction:
 
     # ---- DDL ------------------------------------------------------------------------------------
 
+    @_serialized
     def create_table(
         self,
         name: str,
@@ -233,6 +281,7 @@ class Transaction:
         self._new[d] = entry
         self._ops.append(("create", None, entry))
 
+    @_serialized
     def drop_table(self, name: str) -> None:
         """Drop table ``name``. Reads as of earlier times still see it (within retention)."""
         self._check_open()
@@ -240,6 +289,7 @@ class Transaction:
         del self._view[name]
         self._ops.append(("drop", e, None))
 
+    @_serialized
     def rename_table(self, old: str, new: str) -> None:
         """Rename table ``old`` to ``new``; its data and history stay with it."""
         self._check_open()
@@ -252,6 +302,7 @@ class Transaction:
         self._view[new] = n
         self._ops.append(("rename", e, n))
 
+    @_serialized
     def set_retention(self, name: str, retention: dt.timedelta | None) -> None:
         """Give table ``name`` its own history retention (None: the database's default)."""
         self._check_open()
@@ -280,6 +331,7 @@ class Transaction:
         table = table.append_column(pa.field("ts", pa.uint64()), pa.repeat(pa.scalar(0, pa.uint64()), n))
         return table.append_column(pa.field("diff", pa.int64()), pa.repeat(pa.scalar(diff, pa.int64()), n))
 
+    @_serialized
     def insert(self, table: str, data: object) -> int:
         """Add ``data``'s rows to ``table``; return how many. See :mod:`txns.db.arrow_io` for the inputs.
 
@@ -329,6 +381,7 @@ class Transaction:
         self._count(e.data_id, rows, 0)
         return rows
 
+    @_serialized
     def retract(self, table: str, data: object) -> int:
         """Remove one occurrence of each of ``data``'s rows from ``table``; return how many.
 
@@ -352,6 +405,7 @@ class Transaction:
         self._count(e.data_id, 0, rows.num_rows)
         return int(rows.num_rows)
 
+    @_serialized
     def _retract_present(self, table: str, rows: pa.Table) -> int:
         """Retract ``rows`` of unkeyed ``table`` that the caller knows are there, without checking or reading.
 
@@ -371,6 +425,7 @@ class Transaction:
             self._count(e.data_id, 0, rows.num_rows)
         return int(rows.num_rows)
 
+    @_serialized
     def truncate(self, table: str) -> int:
         """Remove every row of ``table`` (as committed at the read time); return how many.
 
@@ -396,14 +451,18 @@ class Transaction:
             plan = db.plan(e, ts)
             reader = PlanReader(db.client.blob, plan, list(e.schema.names), None, db.client.config.retry_deadline_s)
             b = self._builder(d, -1)
-            for batch in scan(reader):
-                if batch.num_rows:
-                    b.add_table(self._updates(pa.Table.from_batches([batch]).cast(e.schema), -1))
-                    rows += batch.num_rows
+            try:
+                for batch in scan(reader):
+                    if batch.num_rows:
+                        b.add_table(self._updates(pa.Table.from_batches([batch]).cast(e.schema), -1))
+                        rows += batch.num_rows
+            except PartRetired as err:  # lost (CorruptObject), or retired meanwhile: the caller starts again
+                raise db.missing_part(d, err.key) from None
         self._emptied.add(d)
         self._count(d, 0, rows)
         return rows
 
+    @_serialized
     def _add_batch(
         self, table: str, batch: Batch, *, added: int, retracted: int, read_table: bool, keep_on_abort: bool = False
     ) -> TableEntry:
@@ -544,6 +603,7 @@ class Transaction:
 
     # ---- keyed tables and reads -------------------------------------------------------------------
 
+    @_serialized
     def get(self, table: str, key: object) -> dict[str, Any] | None:
         """The row of ``key`` in keyed ``table`` as a dict (column -> value), or None if there is none.
 
@@ -563,6 +623,7 @@ class Transaction:
         rows = self._current(e, [k])[k]
         return dict(rows[0]) if rows else None
 
+    @_serialized
     def get_many(self, table: str, keys: Sequence[object]) -> dict[Key, dict[str, Any] | None]:
         """The rows of many keys of keyed ``table`` at once: normalized key tuple -> row dict, or None.
 
@@ -579,9 +640,11 @@ class Transaction:
     @property
     def read_ts(self) -> int:
         """The time this transaction reads at (taken from its isolation level's oracle on first use)."""
-        self._check_open()
-        return self._reads_at()
+        with self._lock:
+            self._check_open()
+            return self._reads_at()
 
+    @_serialized
     def upsert(self, table: str, data: object) -> int:
         """Write ``data``'s rows into keyed ``table``, each replacing the row of its key (or adding it).
 
@@ -604,6 +667,7 @@ class Transaction:
         self._apply_keyed(e, add, [(keys[i], new[i]) for i in changed], old)
         return int(rows.num_rows)
 
+    @_serialized
     def delete(self, table: str, keys: object) -> int:
         """Remove the rows of ``keys`` from keyed ``table``; return how many rows were removed.
 
@@ -623,6 +687,7 @@ class Transaction:
         self._apply_keyed(e, None, [(k, None) for k in gone], old)
         return len(old)
 
+    @_serialized
     def update(self, table: str, key: object, values: Mapping[str, Any]) -> dict[str, Any]:
         """Change some columns (``values``: column -> new value) of the row of ``key``; return the new row.
 
@@ -674,6 +739,7 @@ class Transaction:
         self._apply_keyed(e, add, [(k, new)], list(cur))
         return dict(new)
 
+    @_serialized
     def read(self, table: str, *, filter: Any = None, columns: list[str] | None = None) -> pa.Table:
         """``table``'s rows as a ``pyarrow.Table``, as this transaction sees them (read-your-writes).
 
@@ -976,10 +1042,26 @@ class Transaction:
 
         Called by a clean exit of ``with db.transaction() as t``. Raises
         (having committed nothing) if another transaction meanwhile made the
-        DDL impossible (a name taken, a table dropped).
+        DDL impossible (a name taken, a table dropped). A transaction commits
+        once: a second call, from this thread or another one racing it, raises
+        ``TransactionClosed`` naming the commit (calls wait for one another).
         """
+        if self._in_run:
+            raise InvalidUsage(
+                "db.run(fn) commits the transaction it passes to fn once fn returns: do not call "
+                "t.commit() inside fn (nothing was committed)"
+            )
+        return self._commit()
+
+    @_serialized
+    def _commit(self) -> CommitInfo:
         self._check_open()
         db = self._db
+        try:
+            db.storage_clock.check("commit")  # (a skewed clock would stamp it, and all after it, wrongly)
+        except BaseException:
+            self.abort()
+            raise
         try:
             self._finish()
         except BaseException:
@@ -1060,6 +1142,7 @@ class Transaction:
         )
         return self.commit_info
 
+    @_serialized
     def abort(self) -> None:
         """Abandon the transaction: nothing is committed; its written parts are deleted."""
         if self._state != "open":
