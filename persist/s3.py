@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -76,6 +77,11 @@ _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 _MAX_RELISTS = 100
 _MISMATCH_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _MISMATCH_STATUSES = frozenset({409, 412})
+CONFLICT_RETRIES = 4
+"""How often a compare-and-set answered ``409 ConditionalRequestConflict`` is sent again before it
+is returned as a MISMATCH (the layer above then re-reads the head and decides)."""
+CONFLICT_BACKOFF_S = 0.02
+"""The first pause before such a retry; it doubles each time (0.02 + 0.04 + 0.08 + 0.16 s at most)."""
 
 T = TypeVar("T")
 
@@ -120,6 +126,25 @@ def make_client(
         "before-send.s3", _count_attempt, unique_id="persist-count-attempts"
     )
     return client
+
+
+def sibling_client(client: Any, **client_options: Any) -> Any:
+    """A new client like ``client`` (one :func:`make_client` made): the same endpoint and region, other options."""
+    custom_endpoint = (client.meta.config.s3 or {}).get("addressing_style") == "path"
+    return make_client(client.meta.endpoint_url if custom_endpoint else None, client.meta.region_name, **client_options)
+
+
+def is_conditional_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store refusing a conditional write: 412 ``PreconditionFailed`` (the
+    condition does not hold) or 409 ``ConditionalRequestConflict`` (a racing conditional write of
+    the same key is in flight). Either way the write did not happen."""
+    if not isinstance(exc, ClientError):
+        return False
+    return _code(exc) in _MISMATCH_CODES or _status(exc) in _MISMATCH_STATUSES
+
+
+def _is_conflict(exc: ClientError) -> bool:
+    return _code(exc) == "ConditionalRequestConflict" or (_status(exc) == 409 and _code(exc) != "PreconditionFailed")
 
 
 def _status(exc: ClientError) -> int | None:
@@ -186,7 +211,22 @@ class _S3Base:
     def __init__(self, client: Any, bucket: str, prefix: str, area: str) -> None:
         self._client = client
         self._bucket = bucket
-        self._base = _join(prefix.strip("/"), area) + "/"
+        self._prefix = prefix.strip("/")
+        self._base = _join(self._prefix, area) + "/"
+
+    @property
+    def client(self) -> Any:
+        """The boto3 client (shared by both backends of a location)."""
+        return self._client
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    @property
+    def prefix(self) -> str:
+        """The location's key prefix, without slashes at its ends ("" for the bucket's root)."""
+        return self._prefix
 
     def _call(self, fn: Callable[..., T], what: str, write: bool, **kwargs: Any) -> T:
         """Run one boto3 call, translating failures with :func:`classify`."""
@@ -368,17 +408,26 @@ class S3Consensus(_S3Base, Consensus):
     def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:
         full = f"{self._dir(key)}{next_seqno(expected):020d}"
         what = f"s3 consensus compare_and_set {self._where(full)}"
-        _ATTEMPTS.count = 0
-        try:
-            self._client.put_object(
-                Bucket=self._bucket, Key=full, Body=bytes(data), IfNoneMatch="*"
-            )
-        except ClientError as e:
-            if _code(e) in _MISMATCH_CODES or _status(e) in _MISMATCH_STATUSES:
-                return CaSResult.MISMATCH
-            raise classify(e, True, what, _ATTEMPTS.count) from e
-        except Exception as e:
-            raise classify(e, True, what, _ATTEMPTS.count) from e
+        sent = 0  # attempts of earlier calls that may have landed (a 409 did not: it is not counted)
+        for conflict in range(CONFLICT_RETRIES + 1):
+            _ATTEMPTS.count = 0
+            try:
+                self._client.put_object(Bucket=self._bucket, Key=full, Body=bytes(data), IfNoneMatch="*")
+                break
+            except ClientError as e:
+                # SUBTLE: a 409 ConditionalRequestConflict means a racing conditional write of this
+                # key was in flight and ours did not happen: try again (the race is decided by then,
+                # and a lost one comes back 412). If an earlier attempt of ours landed, the retry
+                # also sees 412, a MISMATCH the layer above resolves with its idempotency token.
+                if _is_conflict(e) and conflict < CONFLICT_RETRIES:
+                    sent += _ATTEMPTS.count - 1
+                    time.sleep(CONFLICT_BACKOFF_S * (2**conflict))
+                    continue
+                if is_conditional_refusal(e):
+                    return CaSResult.MISMATCH
+                raise classify(e, True, what, sent + _ATTEMPTS.count) from e
+            except Exception as e:
+                raise classify(e, True, what, sent + _ATTEMPTS.count) from e
         if next_seqno(expected) % HEAD_HINT_EVERY == 0:
             self._write_head_hint(key, next_seqno(expected))
         return CaSResult.COMMITTED
