@@ -53,6 +53,7 @@ client's connect and read timeouts, every thread is joined with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import threading
@@ -158,8 +159,9 @@ class _Target(ABC):
         """A conditionally written key's bytes and etag, or None."""
 
     @abstractmethod
-    def stale_etag(self, key: str, current: str) -> str:
-        """An etag ``key`` had before ``current`` (never the current one)."""
+    def refused_etags(self, previous: str, current: str) -> list[tuple[str, str]]:
+        """Etags a PUT with ``If-Match`` must be refused for, when ``current`` followed ``previous``:
+        (what it is, the etag)."""
 
     @abstractmethod
     def put(self, key: str, data: bytes) -> None: ...
@@ -193,11 +195,9 @@ class _S3Target(_Target):
 
     @classmethod
     def open(cls, blob: Any) -> _S3Target:
-        from persist.s3 import make_client
+        from persist.s3 import sibling_client
 
-        meta = blob.client.meta
-        client = make_client(meta.endpoint_url if _custom_endpoint(blob.client) else None, meta.region_name,
-                             max_attempts=1)  # fmt: skip
+        client = sibling_client(blob.client, max_attempts=1)
         base = "/".join(p for p in (blob.prefix, f"check-store-{uuid.uuid4().hex[:12]}") if p) + "/"
         return cls(client, blob.bucket, base, _s3_refused)
 
@@ -232,8 +232,8 @@ class _S3Target(_Target):
         finally:
             body.close()
 
-    def stale_etag(self, key: str, current: str) -> str:
-        raise NotImplementedError  # the S3 probe keeps the ETags it saw (see _check_if_match)
+    def refused_etags(self, previous: str, current: str) -> list[tuple[str, str]]:
+        return [("a stale", previous), ("a wrong", '"00000000000000000000000000000000"')]
 
     def put(self, key: str, data: bytes) -> None:
         self._client.put_object(Bucket=self._bucket, Key=self._base + key, Body=data)
@@ -258,12 +258,9 @@ class _S3Target(_Target):
         self._client.delete_object(Bucket=self._bucket, Key=self._base + key)
 
     def other_client(self) -> _S3Target:
-        from persist.s3 import make_client
+        from persist.s3 import sibling_client
 
-        meta = self._client.meta
-        client = make_client(meta.endpoint_url if _custom_endpoint(self._client) else None, meta.region_name,
-                             max_attempts=1)  # fmt: skip
-        other = _S3Target(client, self._bucket, self._base, self._refused)
+        other = _S3Target(sibling_client(self._client, max_attempts=1), self._bucket, self._base, self._refused)
         self._others.append(other)
         return other
 
@@ -279,11 +276,6 @@ class _S3Target(_Target):
         for other in self._others:
             other.close()
         self._client.close()
-
-
-def _custom_endpoint(client: Any) -> bool:
-    """Whether the client was made with an explicit endpoint (not AWS's own)."""
-    return not str(client.meta.endpoint_url).endswith(".amazonaws.com")
 
 
 def _s3_refused(e: Exception) -> bool:
@@ -318,8 +310,11 @@ class _LocationTarget(_Target):
         head = self._loc.consensus.head(self._prefix + key)
         return None if head is None else (head.data, str(head.seqno))
 
-    def stale_etag(self, key: str, current: str) -> str:
-        return str(int(current) - 1)
+    def refused_etags(self, previous: str, current: str) -> list[tuple[str, str]]:
+        out = [("a stale", previous)]
+        if self._loc.consensus.checks_expectation:  # (put-if-absent backends write a version ahead)
+            out.append(("a wrong", str(int(current) + 7)))
+        return out
 
     def put(self, key: str, data: bytes) -> None:
         self._loc.blob.set(self._prefix + key, data)
@@ -353,6 +348,18 @@ class _LocationTarget(_Target):
 def _open_target(url: str) -> _Target:
     """The probe's target on ``url`` (raises InvalidUsage for a bad URL or a missing bucket)."""
     probe_id = f"check-store-{uuid.uuid4().hex[:12]}"
+    root = local_path(url)
+    if root is not None:  # a directory: probe in a subdirectory, removed at the end (the root is not opened)
+        existed = root.exists()
+        sub: Path = root / f".{probe_id}"
+
+        def remove() -> None:
+            shutil.rmtree(sub, ignore_errors=True)
+            if not existed:
+                with contextlib.suppress(OSError):
+                    root.rmdir()  # (only if empty)
+
+        return _LocationTarget(url, "", lambda: open_location(f"file://{sub}"), remove)
     loc = open_location(url)
     from persist.s3 import S3Blob
 
@@ -361,11 +368,6 @@ def _open_target(url: str) -> _Target:
             return _S3Target.open(loc.blob)
         finally:
             loc.close()
-    root = local_path(url)
-    if root is not None:
-        loc.close()
-        sub: Path = root / f".{probe_id}"
-        return _LocationTarget(url, "", lambda: open_location(f"file://{sub}"), lambda: shutil.rmtree(sub, True))
     loc.close()
     return _LocationTarget(url, f"{probe_id}/", lambda: open_location(url), lambda: None)
 
@@ -443,9 +445,7 @@ def _check_if_match(t: _Target) -> CheckResult:
     e2 = t.put_if_match("im", e1, b"v2")
     if e2 is None:
         return CheckResult(name, False, "a PUT with the current ETag was refused")
-    stale = e1 if isinstance(t, _S3Target) else t.stale_etag("im", e2)
-    wrong = '"00000000000000000000000000000000"' if isinstance(t, _S3Target) else str(int(e2) + 7)
-    accepted = [what for what, etag in (("a stale", stale), ("a wrong", wrong)) if t.put_if_match("im", etag, b"bad")]
+    accepted = [what for what, etag in t.refused_etags(e1, e2) if t.put_if_match("im", etag, b"bad")]
     now = t.get_versioned("im")
     if accepted or now is None or now[0] != b"v2":
         found = "nothing" if now is None else repr(now[0][:20])
@@ -453,7 +453,7 @@ def _check_if_match(t: _Target) -> CheckResult:
             name, False, f"a PUT with {' and '.join(accepted) or 'no'} ETag was accepted; the key holds {found}, "
             f"not b'v2' (the store ignores If-Match)"
         )  # fmt: skip
-    return CheckResult(name, True, "PUTs with a stale or a wrong ETag were refused; the current one landed")
+    return CheckResult(name, True, "PUTs with a stale or wrong ETag were refused; the current one landed")
 
 
 def _check_race_absent(t: _Target, racers: int, keys: int) -> CheckResult:

@@ -122,9 +122,7 @@ def make_client(
     )
     session = boto3.session.Session()
     client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
-    client.meta.events.register(
-        "before-send.s3", _count_attempt, unique_id="persist-count-attempts"
-    )
+    client.meta.events.register("before-send.s3", _count_attempt, unique_id="persist-count-attempts")
     return client
 
 
@@ -156,9 +154,7 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def classify(
-    exc: BaseException, op_is_write: bool, what: str = "s3 request", attempts: int = 1
-) -> ExternalError:
+def classify(exc: BaseException, op_is_write: bool, what: str = "s3 request", attempts: int = 1) -> ExternalError:
     """The persist error for a failed boto3 call. The one place that decides.
 
     - A read-only operation never changed anything: always ``Determinate``.
@@ -176,8 +172,7 @@ def classify(
     message = f"{what} failed: {exc}"
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         message += (
-            " (configure credentials through the standard AWS chain, e.g. "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+            " (configure credentials through the standard AWS chain, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
         )
     if not op_is_write:
         return Determinate(message)
@@ -191,11 +186,7 @@ def classify(
             ParamValidationError,
         ),
     )
-    rejected = (
-        isinstance(exc, ClientError)
-        and (status := _status(exc)) is not None
-        and 400 <= status < 500
-    )
+    rejected = isinstance(exc, ClientError) and (status := _status(exc)) is not None and 400 <= status < 500
     if (never_sent or rejected) and attempts <= 1:
         return Determinate(message)
     return Indeterminate(message)
@@ -318,9 +309,7 @@ class S3Blob(_S3Base, Blob):
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         full = self._base + prefix
-        keys = [
-            k[len(self._base) :] for k in self._list(full, f"s3 blob list_keys {self._where(full)}")
-        ]
+        keys = [k[len(self._base) :] for k in self._list(full, f"s3 blob list_keys {self._where(full)}")]
         return iter(keys)
 
 
@@ -354,9 +343,7 @@ class S3Consensus(_S3Base, Consensus):
     def _dir(self, key: str) -> str:
         return f"{self._base}{key}/"
 
-    def _seqnos(
-        self, key: str, what: str, from_seqno: int = 1, limit: int | None = None
-    ) -> list[int]:
+    def _seqnos(self, key: str, what: str, from_seqno: int = 1, limit: int | None = None) -> list[int]:
         """Seqnos of ``key`` that are >= ``from_seqno``, ascending, at most ``limit``."""
         d = self._dir(key)
         start_after = f"{d}{from_seqno - 1:020d}" if from_seqno > 1 else None
