@@ -44,7 +44,8 @@ S3-compatible servers have shipped broken conditional writes, for
 - ``ignore``: conditional PUTs are forwarded without their ``If-None-Match``
   and ``If-Match`` headers: every one lands, overwriting.
 - ``split``: check, then write, not atomically: the proxy asks upstream
-  with a ``HEAD`` whether the condition holds (answering ``412`` if not),
+  with a ``HEAD`` (signed as the PUT was: for stores that do not check
+  signatures) whether the condition holds (answering ``412`` if not),
   sleeps ``split_pause_s``, then forwards the PUT without its conditional
   headers. Racing writers that all pass the check all win.
 
@@ -357,6 +358,9 @@ def _read_chunked(reader: _Reader, decode: bool) -> bytes | None:
         raw += data
         decoded += data[:-2]
     raise _BadMessage("too many chunks")
+
+
+_SIGNING_HEADERS = frozenset({"host", "authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256"})
 
 
 def _unconditional(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -769,7 +773,9 @@ class FaultProxy:
         # SPLIT: check with a HEAD, pause, write unconditionally (the race window is the pause)
         self._count("conditional_split")
         path = req.target.split("?", 1)[0]
-        head = self._forward(_Request("HEAD", path, "HTTP/1.1", [("Host", req.header("host") or "")], b""))
+        # (with the PUT's credentials: a server that does not check signatures, like moto, accepts them)
+        creds = [(k, v) for k, v in req.headers if k.lower() in _SIGNING_HEADERS]
+        head = self._forward(_Request("HEAD", path, "HTTP/1.1", creds, b""))
         etag = _get(head.headers, "etag") if head.status == 200 else None
         if_none, if_match = req.header("if-none-match"), req.header("if-match")
         holds = (if_none is None or etag is None) and (if_match is None or (etag is not None and etag == if_match))
