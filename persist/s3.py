@@ -77,6 +77,7 @@ _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 _MAX_RELISTS = 100
 _MISMATCH_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _MISMATCH_STATUSES = frozenset({409, 412})
+_NOT_PROCESSED_CODES = frozenset({"SlowDown", "RequestTimeout"})
 CONFLICT_RETRIES = 4
 """How often a compare-and-set answered ``409 ConditionalRequestConflict`` is sent again before it
 is returned as a MISMATCH (the layer above then re-reads the head and decides)."""
@@ -161,8 +162,11 @@ def classify(exc: BaseException, op_is_write: bool, what: str = "s3 request", at
     - A write is ``Determinate`` only when no attempt can have reached the
       store: the connection was refused or timed out before sending, the
       request was rejected locally (bad parameters, no credentials), or the
-      store answered with a 4xx rejection, and in every case only if this was
-      the first attempt (``attempts``; an earlier attempt may have landed).
+      store answered with a 4xx rejection (``400 RequestTimeout`` included:
+      the store never had the whole request) or ``503 SlowDown`` (throttled,
+      not processed), and in every case only if this was the first attempt
+      (``attempts``; an earlier attempt may have landed). A ``500
+      InternalError`` or any other 5xx may have been applied.
     - Everything else for a write (read timeouts, closed connections, 5xx,
       anything unknown) is ``Indeterminate``.
 
@@ -186,7 +190,9 @@ def classify(exc: BaseException, op_is_write: bool, what: str = "s3 request", at
             ParamValidationError,
         ),
     )
-    rejected = isinstance(exc, ClientError) and (status := _status(exc)) is not None and 400 <= status < 500
+    rejected = isinstance(exc, ClientError) and (
+        _code(exc) in _NOT_PROCESSED_CODES or ((status := _status(exc)) is not None and 400 <= status < 500)
+    )
     if (never_sent or rejected) and attempts <= 1:
         return Determinate(message)
     return Indeterminate(message)
