@@ -419,6 +419,21 @@ def _errors(errors: list[str]) -> str:
     return f"{len(errors)} requests failed (first: {errors[0][:200]})"
 
 
+def _fresh(t: _Target, name: str, key: str, data: bytes) -> str | CheckResult:
+    """Write the fresh ``key`` with ``If-None-Match: *``: its etag, or the failed check ``name``."""
+    if not t.put_if_absent(key, data):
+        return CheckResult(name, False, "the first conditional PUT of a fresh key was refused")
+    got = t.get_versioned(key)
+    if got is None:
+        return CheckResult(name, False, "a key just written reads as missing")
+    return got[1]
+
+
+def _ignored(name: str, what: str, got: tuple[bytes, str] | None, want: bytes) -> CheckResult:
+    found = "nothing" if got is None else repr(got[0][:20])
+    return CheckResult(name, False, f"{what}; the key holds {found}, not {want!r} (the store ignores the header)")
+
+
 def _check_if_none_match(t: _Target) -> CheckResult:
     name = "If-None-Match: * enforced"
     if not t.put_if_absent("inm", b"first"):
@@ -426,33 +441,23 @@ def _check_if_none_match(t: _Target) -> CheckResult:
     second = t.put_if_absent("inm", b"second")
     got = t.get_versioned("inm")
     if second or got is None or got[0] != b"first":
-        found = "nothing" if got is None else repr(got[0][:20])
-        return CheckResult(
-            name, False, f"a second PUT with If-None-Match: * was {'accepted' if second else 'refused'}; "
-            f"the key holds {found}, not b'first' (the store ignores the header)"
-        )  # fmt: skip
+        what = f"a second PUT with If-None-Match: * was {'accepted' if second else 'refused'}"
+        return _ignored(name, what, got, b"first")
     return CheckResult(name, True, "a second conditional PUT of a key was refused; the first value kept")
 
 
 def _check_if_match(t: _Target) -> CheckResult:
     name = "If-Match enforced"
-    if not t.put_if_absent("im", b"v1"):
-        return CheckResult(name, False, "the first conditional PUT of a fresh key was refused")
-    got = t.get_versioned("im")
-    if got is None:
-        return CheckResult(name, False, "a key just written reads as missing")
-    e1 = got[1]
+    e1 = _fresh(t, name, "im", b"v1")
+    if isinstance(e1, CheckResult):
+        return e1
     e2 = t.put_if_match("im", e1, b"v2")
     if e2 is None:
         return CheckResult(name, False, "a PUT with the current ETag was refused")
     accepted = [what for what, etag in t.refused_etags(e1, e2) if t.put_if_match("im", etag, b"bad")]
     now = t.get_versioned("im")
     if accepted or now is None or now[0] != b"v2":
-        found = "nothing" if now is None else repr(now[0][:20])
-        return CheckResult(
-            name, False, f"a PUT with {' and '.join(accepted) or 'no'} ETag was accepted; the key holds {found}, "
-            f"not b'v2' (the store ignores If-Match)"
-        )  # fmt: skip
+        return _ignored(name, f"a PUT with {' and '.join(accepted) or 'no'} ETag was accepted", now, b"v2")
     return CheckResult(name, True, "PUTs with a stale or wrong ETag were refused; the current one landed")
 
 
@@ -484,8 +489,9 @@ def _check_race_absent(t: _Target, racers: int, keys: int) -> CheckResult:
 
 def _check_race_match(t: _Target, racers: int, rounds: int) -> CheckResult:
     name = "race: If-Match"
-    if not t.put_if_absent("race-match", b"start"):
-        return CheckResult(name, False, "the first conditional PUT of a fresh key was refused")
+    first = _fresh(t, name, "race-match", b"start")
+    if isinstance(first, CheckResult):
+        return first
     doubles: list[str] = []
     errors: list[str] = []
     for r in range(rounds):
@@ -561,12 +567,10 @@ def _measure_latency(t: _Target, samples: int) -> CheckResult:
 
 def _measure_sustained(t: _Target, seconds: float) -> CheckResult:
     name = "conditional PUTs/s, one key"
-    if not t.put_if_absent("sustain", b"0"):
-        return CheckResult(name, False, "the first conditional PUT of a fresh key was refused")
-    got = t.get_versioned("sustain")
-    if got is None:
-        return CheckResult(name, False, "a key just written reads as missing")
-    etag, n = got[1], 0
+    etag = _fresh(t, name, "sustain", b"0")
+    if isinstance(etag, CheckResult):
+        return etag
+    n = 0
     start = time.perf_counter()
     while n < _MAX_SUSTAIN_PUTS and time.perf_counter() - start < seconds:
         new = t.put_if_match("sustain", etag, str(n).encode())
