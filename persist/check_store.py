@@ -54,6 +54,7 @@ client's connect and read timeouts, every thread is joined with a deadline.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import statistics
 import threading
@@ -461,6 +462,14 @@ def _check_if_match(t: _Target) -> CheckResult:
     return CheckResult(name, True, "PUTs with a stale or wrong ETag were refused; the current one landed")
 
 
+def _absent_attempt(t: _Target, key: str, racer: int) -> bool:
+    return t.put_if_absent(key, f"racer {racer}".encode())
+
+
+def _match_attempt(t: _Target, etag: str, round_: int, racer: int) -> bool:
+    return t.put_if_match("race-match", etag, f"{round_}:{racer}".encode()) is not None
+
+
 def _check_race_absent(t: _Target, racers: int, keys: int) -> CheckResult:
     name = "race: If-None-Match"
     doubles: list[str] = []
@@ -468,7 +477,7 @@ def _check_race_absent(t: _Target, racers: int, keys: int) -> CheckResult:
     errors: list[str] = []
     for k in range(keys):
         key = f"race-absent/{k}"
-        race = _race(racers, lambda i, key=key: t.put_if_absent(key, f"racer {i}".encode()))  # type: ignore[misc]
+        race = _race(racers, functools.partial(_absent_attempt, t, key))
         errors += race.errors
         got = t.get_versioned(key)
         if len(race.winners) > 1:
@@ -478,8 +487,8 @@ def _check_race_absent(t: _Target, racers: int, keys: int) -> CheckResult:
         elif not race.winners and not race.errors:
             none.append(key)
     if doubles:
-        return CheckResult(name, False, f"{len(doubles)} of {keys} keys had more than one winner: {doubles[0]} "
-                                        f"(check and write are not atomic)")  # fmt: skip
+        why = f"{len(doubles)} of {keys} keys had more than one winner: {doubles[0]} (check and write are not atomic)"
+        return CheckResult(name, False, why)
     if none:
         return CheckResult(name, False, f"{len(none)} of {keys} keys had no winner ({none[0]})")
     if errors:
@@ -499,8 +508,7 @@ def _check_race_match(t: _Target, racers: int, rounds: int) -> CheckResult:
         if got is None:
             return CheckResult(name, False, "the raced key reads as missing")
         etag = got[1]
-        race = _race(racers, lambda i, etag=etag, r=r: t.put_if_match("race-match", etag, f"{r}:{i}".encode())
-                     is not None)  # type: ignore[misc]  # fmt: skip
+        race = _race(racers, functools.partial(_match_attempt, t, etag, r))
         errors += race.errors
         now = t.get_versioned("race-match")
         if len(race.winners) > 1:
@@ -510,8 +518,9 @@ def _check_race_match(t: _Target, racers: int, rounds: int) -> CheckResult:
         elif not race.winners and not race.errors:
             return CheckResult(name, False, f"round {r}: no writer with the current ETag won")
     if doubles:
-        return CheckResult(name, False, f"{len(doubles)} of {rounds} versions had more than one winner: "
-                                        f"{doubles[0]} (check and write are not atomic)")  # fmt: skip
+        why = f"{len(doubles)} of {rounds} versions had more than one winner: {doubles[0]}"
+        why += " (check and write are not atomic)"
+        return CheckResult(name, False, why)
     if errors:
         return CheckResult(name, False, _errors(errors))
     return CheckResult(name, True, f"{rounds} versions x {racers} writers: exactly one winner each")
@@ -537,8 +546,8 @@ def _check_list_after_write(t: _Target, n: int = 10) -> CheckResult:
         t.put(k, b"x")
     got = t.list("law/")
     if got != want:
-        return CheckResult(name, False, f"a listing right after {n} writes missed {len(want - got)} of them "
-                                        f"and had {len(got - want)} others")  # fmt: skip
+        why = f"a listing right after {n} writes missed {len(want - got)} of them and had {len(got - want)} others"
+        return CheckResult(name, False, why)
     return CheckResult(name, True, f"a listing right after {n} writes shows all of them")
 
 
