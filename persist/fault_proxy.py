@@ -37,6 +37,24 @@ and ``conditional_puts_per_key_s``: a cap on conditional PUTs (with
 ``If-None-Match`` or ``If-Match``) per second per key, beyond which they
 are answered ``503 SlowDown`` as S3 does.
 
+Broken stores (``conditional``, a :class:`ConditionalMode`), the two ways
+S3-compatible servers have shipped broken conditional writes, for
+:mod:`persist.check_store`'s tests:
+
+- ``ignore``: conditional PUTs are forwarded without their ``If-None-Match``
+  and ``If-Match`` headers: every one lands, overwriting.
+- ``split``: check, then write, not atomically: the proxy asks upstream
+  with a ``HEAD`` (signed as the PUT was: for stores that do not check
+  signatures) whether the condition holds (answering ``412`` if not),
+  sleeps ``split_pause_s``, then forwards the PUT without its conditional
+  headers. Racing writers that all pass the check all win.
+
+S3 error replies for exact tests (:meth:`FaultProxy.force` only, never
+random): ``error_500`` (``500 InternalError``), ``conflict_409`` (``409
+ConditionalRequestConflict``, AWS's answer to a conditional write racing
+another of the same key) and ``request_timeout`` (``400 RequestTimeout``),
+all without forwarding.
+
 Requests may carry their body with ``Content-Length`` or
 ``Transfer-Encoding: chunked`` (forwarded chunked, chunk by chunk with the
 trailers, so ``aws-chunked`` bodies with trailing checksums stay intact;
@@ -65,7 +83,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import urlsplit
 
-__all__ = ["Fault", "FaultPlan", "FaultProxy", "OutageMode", "fault_proxy"]
+__all__ = ["ConditionalMode", "Fault", "FaultPlan", "FaultProxy", "OutageMode", "fault_proxy"]
 
 MAX_HEAD_BYTES = 64 << 10
 """The most bytes a request's or a reply's status line plus headers may take."""
@@ -94,6 +112,33 @@ class Fault(enum.StrEnum):
     ERROR_503 = "error_503"
     TRUNCATE = "truncate"
     OUTAGE = "outage"
+    ERROR_500 = "error_500"
+    CONFLICT_409 = "conflict_409"
+    REQUEST_TIMEOUT = "request_timeout"
+
+
+_ERROR_REPLIES = {
+    # fault: (status, reason, code, message), as S3 answers them
+    Fault.ERROR_500: (
+        500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again.",
+    ),
+    Fault.CONFLICT_409: (
+        409, "Conflict", "ConditionalRequestConflict",
+        "A conflicting conditional operation is currently in progress against this resource. Please try again.",
+    ),
+    Fault.REQUEST_TIMEOUT: (
+        400, "Bad Request", "RequestTimeout",
+        "Your socket connection to the server was not read from or written to within the timeout period.",
+    ),
+}  # fmt: skip
+
+
+class ConditionalMode(enum.StrEnum):
+    """What the proxy does with conditional PUTs (``If-None-Match``/``If-Match``): see the module doc."""
+
+    ENFORCE = "enforce"  # forward them as they are: the upstream store decides
+    IGNORE = "ignore"  # strip the conditional headers: every PUT lands
+    SPLIT = "split"  # HEAD to check, pause, then PUT unconditionally: not atomic
 
 
 class OutageMode(enum.StrEnum):
@@ -119,6 +164,10 @@ class FaultPlan:
     """Added before forwarding every request (also when faults are disabled)."""
     conditional_puts_per_key_s: int | None = None
     """At most this many conditional PUTs per key per second; beyond: 503 SlowDown (None: no cap)."""
+    conditional: ConditionalMode = ConditionalMode.ENFORCE
+    """A broken store's conditional writes (applies also when faults are disabled)."""
+    split_pause_s: float = 0.05
+    """``split`` mode: the pause between the check and the write."""
 
     def __post_init__(self) -> None:
         probs = (self.drop_before, self.drop_reply, self.error_503, self.truncate)
@@ -126,8 +175,8 @@ class FaultPlan:
             raise ValueError(f"fault probabilities must be >= 0 and sum to at most 1, got {probs}")
         if self.outage_every_s is not None and self.outage_every_s <= 0:
             raise ValueError("outage_every_s must be positive (or None)")
-        if self.outage_s < 0 or self.latency_s < 0:
-            raise ValueError("outage_s and latency_s must be >= 0")
+        if self.outage_s < 0 or self.latency_s < 0 or self.split_pause_s < 0:
+            raise ValueError("outage_s, latency_s and split_pause_s must be >= 0")
         if self.conditional_puts_per_key_s is not None and self.conditional_puts_per_key_s < 1:
             raise ValueError("conditional_puts_per_key_s must be >= 1 (or None)")
 
@@ -144,6 +193,9 @@ class _Action(enum.Enum):
     TRUNCATE = "truncate"
     OUTAGE_DROP = "outage_drop"
     THROTTLE = "throttle"
+    ERROR_500 = "error_500"
+    CONFLICT_409 = "conflict_409"
+    REQUEST_TIMEOUT = "request_timeout"
 
 
 class _Closed(Exception):
@@ -168,6 +220,12 @@ class _Request:
             if k.lower() == name:
                 return v
         return None
+
+    @property
+    def is_conditional_put(self) -> bool:
+        return self.method == "PUT" and (
+            self.header("if-none-match") is not None or self.header("if-match") is not None
+        )
 
     @property
     def wants_close(self) -> bool:
@@ -302,6 +360,13 @@ def _read_chunked(reader: _Reader, decode: bool) -> bytes | None:
     raise _BadMessage("too many chunks")
 
 
+_SIGNING_HEADERS = frozenset({"host", "authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256"})
+
+
+def _unconditional(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() not in ("if-none-match", "if-match")]
+
+
 def _error_xml(code: str, message: str, resource: str, request_id: str) -> bytes:
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -333,7 +398,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._enabled = True
         self._counters: dict[str, int] = {}
-        self._forced: deque[Fault] = deque()
+        self._forced: deque[tuple[Fault, bool]] = deque()  # (fault, conditional PUTs only)
         self._put_times: dict[str, deque[float]] = {}
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
@@ -418,15 +483,17 @@ class FaultProxy:
     def enabled(self) -> bool:
         return self._enabled
 
-    def force(self, fault: Fault, times: int = 1) -> None:
+    def force(self, fault: Fault, times: int = 1, conditional_puts_only: bool = False) -> None:
         """Inject ``fault`` into the next ``times`` requests (before any random fault; even when disabled).
 
+        With ``conditional_puts_only``, into the next ``times`` conditional
+        PUTs (``If-None-Match`` or ``If-Match``), letting other requests pass.
         ``Fault.OUTAGE`` cannot be forced per request; use :meth:`start_outage`.
         """
         if fault is Fault.OUTAGE:
             raise ValueError("use start_outage() for outages")
         with self._lock:
-            self._forced.extend([fault] * times)
+            self._forced.extend([(fault, conditional_puts_only)] * times)
 
     def start_outage(self, seconds: float, mode: OutageMode = OutageMode.DROP) -> None:
         """Drop (or refuse) every request for ``seconds`` from now."""
@@ -605,24 +672,16 @@ class FaultProxy:
         now = time.monotonic()
         with self._lock:
             self._counters["requests"] = self._counters.get("requests", 0) + 1
-            if self._forced:
-                forced = self._forced.popleft()
-                return {
-                    Fault.DROP_BEFORE: _Action.DROP_BEFORE,
-                    Fault.DROP_REPLY: _Action.DROP_REPLY,
-                    Fault.ERROR_503: _Action.ERROR_503,
-                    Fault.TRUNCATE: _Action.TRUNCATE,
-                }[forced]
+            forced = next((f for f in self._forced if req.is_conditional_put or not f[1]), None)
+            if forced is not None:
+                self._forced.remove(forced)
+                return _Action(forced[0].value)
             if not self._enabled:
                 return _Action.FORWARD
             if now < self._outage_until:
                 return _Action.OUTAGE_DROP
             cap = self.plan.conditional_puts_per_key_s
-            if (
-                cap is not None
-                and req.method == "PUT"
-                and (req.header("if-none-match") is not None or req.header("if-match") is not None)
-            ):
+            if cap is not None and req.is_conditional_put:
                 key = req.target.split("?", 1)[0]
                 times = self._put_times.setdefault(key, deque())
                 while times and now - times[0] >= 1.0:
@@ -655,6 +714,13 @@ class FaultProxy:
             self._count(Fault.DROP_BEFORE.value)
             self._drop(conn)
             return False
+        if action in (_Action.ERROR_500, _Action.CONFLICT_409, _Action.REQUEST_TIMEOUT):
+            self._count(action.value)
+            status, reason, code, message = _ERROR_REPLIES[Fault(action.value)]
+            reply = self._simple_reply(status, reason, code, message, req.target.split("?", 1)[0], not keep)
+            if req.method == "HEAD":
+                reply = reply[: reply.index(b"\r\n\r\n") + 4]
+            return self._send_quietly(conn, reply) and keep
         if action in (_Action.ERROR_503, _Action.THROTTLE):
             if action is _Action.THROTTLE:
                 self._count("throttled")
@@ -672,6 +738,11 @@ class FaultProxy:
             return self._send_quietly(conn, reply) and keep
         if self.plan.latency_s > 0:
             time.sleep(self.plan.latency_s)
+        if req.is_conditional_put and self.plan.conditional is not ConditionalMode.ENFORCE:
+            refused = self._break_conditional(req)
+            if refused is not None:
+                return self._send_quietly(conn, refused) and keep
+            req = _Request(req.method, req.target, req.version, _unconditional(req.headers), req.body)
         try:
             up = self._forward(req)
         except (OSError, _BadMessage) as e:
@@ -692,6 +763,27 @@ class FaultProxy:
                 conn.shutdown(socket.SHUT_RDWR)
             return False
         return self._send_quietly(conn, head + (b"" if up.bodyless else up.body)) and keep
+
+    def _break_conditional(self, req: _Request) -> bytes | None:
+        """A broken store's handling of a conditional PUT (``plan.conditional``): the 412 reply to
+        send, or None to forward it without its conditional headers."""
+        if self.plan.conditional is ConditionalMode.IGNORE:
+            self._count("conditional_ignored")
+            return None
+        # SPLIT: check with a HEAD, pause, write unconditionally (the race window is the pause)
+        self._count("conditional_split")
+        path = req.target.split("?", 1)[0]
+        # (with the PUT's credentials: a server that does not check signatures, like moto, accepts them)
+        creds = [(k, v) for k, v in req.headers if k.lower() in _SIGNING_HEADERS]
+        head = self._forward(_Request("HEAD", path, "HTTP/1.1", creds, b""))
+        etag = _get(head.headers, "etag") if head.status == 200 else None
+        if_none, if_match = req.header("if-none-match"), req.header("if-match")
+        holds = (if_none is None or etag is None) and (if_match is None or (etag is not None and etag == if_match))
+        if not holds:
+            msg = "At least one of the pre-conditions you specified did not hold"
+            return self._simple_reply(412, "Precondition Failed", "PreconditionFailed", msg, path, req.wants_close)
+        time.sleep(self.plan.split_pause_s)
+        return None
 
     def _drop(self, conn: socket.socket) -> None:
         """Close the client connection without a reply: half of the time with a reset."""
@@ -798,4 +890,3 @@ def fault_proxy(upstream_url: str, seed: int = 0, faults: FaultPlan | None = Non
     """``with fault_proxy(url, seed, plan) as proxy:`` (the same as ``with FaultProxy(...)``)."""
     with FaultProxy(upstream_url, seed=seed, faults=faults) as proxy:
         yield proxy
-

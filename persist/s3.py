@@ -78,6 +78,12 @@ _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 _MAX_RELISTS = 100
 _MISMATCH_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _MISMATCH_STATUSES = frozenset({409, 412})
+_NOT_PROCESSED_CODES = frozenset({"SlowDown", "RequestTimeout"})
+CONFLICT_RETRIES = 4
+"""How often a compare-and-set answered ``409 ConditionalRequestConflict`` is sent again before it
+is returned as a MISMATCH (the layer above then re-reads the head and decides)."""
+CONFLICT_BACKOFF_S = 0.02
+"""The first pause before such a retry; it doubles each time (0.02 + 0.04 + 0.08 + 0.16 s at most)."""
 
 T = TypeVar("T")
 
@@ -118,9 +124,7 @@ def make_client(
     )
     session = boto3.session.Session()
     client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
-    client.meta.events.register(
-        "before-send.s3", _count_attempt, unique_id="persist-count-attempts"
-    )
+    client.meta.events.register("before-send.s3", _count_attempt, unique_id="persist-count-attempts")
     return client
 
 
@@ -169,6 +173,25 @@ class _DateClock:
         return seen[0] + int((time.monotonic() - seen[1]) * 1000)
 
 
+def sibling_client(client: Any, **client_options: Any) -> Any:
+    """A new client like ``client`` (one :func:`make_client` made): the same endpoint and region, other options."""
+    custom_endpoint = (client.meta.config.s3 or {}).get("addressing_style") == "path"
+    return make_client(client.meta.endpoint_url if custom_endpoint else None, client.meta.region_name, **client_options)
+
+
+def is_conditional_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store refusing a conditional write: 412 ``PreconditionFailed`` (the
+    condition does not hold) or 409 ``ConditionalRequestConflict`` (a racing conditional write of
+    the same key is in flight). Either way the write did not happen."""
+    if not isinstance(exc, ClientError):
+        return False
+    return _code(exc) in _MISMATCH_CODES or _status(exc) in _MISMATCH_STATUSES
+
+
+def _is_conflict(exc: ClientError) -> bool:
+    return _code(exc) == "ConditionalRequestConflict" or (_status(exc) == 409 and _code(exc) != "PreconditionFailed")
+
+
 def _status(exc: ClientError) -> int | None:
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return int(status) if status is not None else None
@@ -178,17 +201,18 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def classify(
-    exc: BaseException, op_is_write: bool, what: str = "s3 request", attempts: int = 1
-) -> ExternalError:
+def classify(exc: BaseException, op_is_write: bool, what: str = "s3 request", attempts: int = 1) -> ExternalError:
     """The persist error for a failed boto3 call. The one place that decides.
 
     - A read-only operation never changed anything: always ``Determinate``.
     - A write is ``Determinate`` only when no attempt can have reached the
       store: the connection was refused or timed out before sending, the
       request was rejected locally (bad parameters, no credentials), or the
-      store answered with a 4xx rejection, and in every case only if this was
-      the first attempt (``attempts``; an earlier attempt may have landed).
+      store answered with a 4xx rejection (``400 RequestTimeout`` included:
+      the store never had the whole request) or ``503 SlowDown`` (throttled,
+      not processed), and in every case only if this was the first attempt
+      (``attempts``; an earlier attempt may have landed). A ``500
+      InternalError`` or any other 5xx may have been applied.
     - Everything else for a write (read timeouts, closed connections, 5xx,
       anything unknown) is ``Indeterminate``.
 
@@ -198,8 +222,7 @@ def classify(
     message = f"{what} failed: {exc}"
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         message += (
-            " (configure credentials through the standard AWS chain, e.g. "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+            " (configure credentials through the standard AWS chain, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
         )
     if not op_is_write:
         return Determinate(message)
@@ -213,10 +236,8 @@ def classify(
             ParamValidationError,
         ),
     )
-    rejected = (
-        isinstance(exc, ClientError)
-        and (status := _status(exc)) is not None
-        and 400 <= status < 500
+    rejected = isinstance(exc, ClientError) and (
+        _code(exc) in _NOT_PROCESSED_CODES or ((status := _status(exc)) is not None and 400 <= status < 500)
     )
     if (never_sent or rejected) and attempts <= 1:
         return Determinate(message)
@@ -233,7 +254,22 @@ class _S3Base:
     def __init__(self, client: Any, bucket: str, prefix: str, area: str) -> None:
         self._client = client
         self._bucket = bucket
-        self._base = _join(prefix.strip("/"), area) + "/"
+        self._prefix = prefix.strip("/")
+        self._base = _join(self._prefix, area) + "/"
+
+    @property
+    def client(self) -> Any:
+        """The boto3 client (shared by both backends of a location)."""
+        return self._client
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    @property
+    def prefix(self) -> str:
+        """The location's key prefix, without slashes at its ends ("" for the bucket's root)."""
+        return self._prefix
 
     def _call(self, fn: Callable[..., T], what: str, write: bool, **kwargs: Any) -> T:
         """Run one boto3 call, translating failures with :func:`classify`."""
@@ -334,9 +370,7 @@ class S3Blob(_S3Base, Blob):
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         full = self._base + prefix
-        keys = [
-            k[len(self._base) :] for k in self._list(full, f"s3 blob list_keys {self._where(full)}")
-        ]
+        keys = [k[len(self._base) :] for k in self._list(full, f"s3 blob list_keys {self._where(full)}")]
         return iter(keys)
 
 
@@ -370,9 +404,7 @@ class S3Consensus(_S3Base, Consensus):
     def _dir(self, key: str) -> str:
         return f"{self._base}{key}/"
 
-    def _seqnos(
-        self, key: str, what: str, from_seqno: int = 1, limit: int | None = None
-    ) -> list[int]:
+    def _seqnos(self, key: str, what: str, from_seqno: int = 1, limit: int | None = None) -> list[int]:
         """Seqnos of ``key`` that are >= ``from_seqno``, ascending, at most ``limit``."""
         d = self._dir(key)
         start_after = f"{d}{from_seqno - 1:020d}" if from_seqno > 1 else None
@@ -424,17 +456,26 @@ class S3Consensus(_S3Base, Consensus):
     def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CaSResult:
         full = f"{self._dir(key)}{next_seqno(expected):020d}"
         what = f"s3 consensus compare_and_set {self._where(full)}"
-        _ATTEMPTS.count = 0
-        try:
-            self._client.put_object(
-                Bucket=self._bucket, Key=full, Body=bytes(data), IfNoneMatch="*"
-            )
-        except ClientError as e:
-            if _code(e) in _MISMATCH_CODES or _status(e) in _MISMATCH_STATUSES:
-                return CaSResult.MISMATCH
-            raise classify(e, True, what, _ATTEMPTS.count) from e
-        except Exception as e:
-            raise classify(e, True, what, _ATTEMPTS.count) from e
+        sent = 0  # attempts of earlier calls that may have landed (a 409 did not: it is not counted)
+        for conflict in range(CONFLICT_RETRIES + 1):
+            _ATTEMPTS.count = 0
+            try:
+                self._client.put_object(Bucket=self._bucket, Key=full, Body=bytes(data), IfNoneMatch="*")
+                break
+            except ClientError as e:
+                # SUBTLE: a 409 ConditionalRequestConflict means a racing conditional write of this
+                # key was in flight and ours did not happen: try again (the race is decided by then,
+                # and a lost one comes back 412). If an earlier attempt of ours landed, the retry
+                # also sees 412, a MISMATCH the layer above resolves with its idempotency token.
+                if _is_conflict(e) and conflict < CONFLICT_RETRIES:
+                    sent += _ATTEMPTS.count - 1
+                    time.sleep(CONFLICT_BACKOFF_S * (2**conflict))
+                    continue
+                if is_conditional_refusal(e):
+                    return CaSResult.MISMATCH
+                raise classify(e, True, what, sent + _ATTEMPTS.count) from e
+            except Exception as e:
+                raise classify(e, True, what, sent + _ATTEMPTS.count) from e
         if next_seqno(expected) % HEAD_HINT_EVERY == 0:
             self._write_head_hint(key, next_seqno(expected))
         return CaSResult.COMMITTED

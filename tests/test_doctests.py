@@ -17,6 +17,7 @@ MODULES = [
     "persist.url",
     "persist.manifest",
     "persist.shard",
+    "persist.check_store",
     "txns",
     "txns.handle",
     "txns.subscribe",

@@ -11,6 +11,7 @@ Usage (also ``python -m txns``)::
     txns apply   URL [TXNS_ID] [--json]
     txns compact URL [TXNS_ID] [--table NAME]... [--spark] [--master URL] [--json]
     txns gc      URL [TXNS_ID] [--older-than SECONDS] [--json]
+    txns check-store URL [--racers N] [--keys N] [--rounds N] [--seconds S] [--json]
     txns --version
 
 ``URL`` names the store (``file:///PATH``, ``s3://BUCKET/PREFIX?...``; see
@@ -281,6 +282,20 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_check_store(args: argparse.Namespace, out: TextIO) -> int:
+    """Probe a store's conditional writes (:mod:`persist.check_store`); exit 1 if any check failed."""
+    from persist.check_store import check_store
+
+    report = check_store(
+        args.url, racers=args.racers, race_keys=args.keys, match_rounds=args.rounds, sustain_s=args.seconds
+    )
+    if args.json:
+        out.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    else:
+        out.write(report.table() + "\n")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from txns.demo import run_demo
 
@@ -359,6 +374,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--json", action="store_true", help="print JSON")
     g.set_defaults(func=cmd_gc)
+
+    k = sub.add_parser(
+        "check-store",
+        help="probe a store's conditional writes (enforced? atomic under races?) before trusting it; exit 1 if not",
+    )
+    k.add_argument("url", metavar="URL", help=f"store URL: {' or '.join(accepted_forms(shared_only=True))}")
+    k.add_argument("--racers", type=int, default=8, help="concurrent writers per race (default 8)")
+    k.add_argument("--keys", type=int, default=24, help="fresh keys raced with If-None-Match (default 24)")
+    k.add_argument("--rounds", type=int, default=12, help="versions of one key raced with If-Match (default 12)")
+    k.add_argument(
+        "--seconds", type=float, default=2.0, help="how long to measure conditional PUTs/s on one key (default 2)"
+    )
+    k.add_argument("--json", action="store_true", help="print JSON")
+    k.set_defaults(func=cmd_check_store)
     return p
 
 

@@ -1,8 +1,9 @@
 """Chaos: exactly-once commits under storage faults and killed processes (issue #7).
 
 - The SHORT profile (in the default run): one seed on S3 (moto behind the
-  fault proxy: a 40 s run phase, ~55 s in all) and one on a directory
-  (kills only: 12 s, ~20 s in all). ``CHAOS_SECONDS`` overrides the
+  fault proxy: a 40 s run phase, ~55 s in all), one on SeaweedFS behind the
+  fault proxy (a real S3 server: 35 s, fewer kills) and one on a directory (kills only:
+  12 s, ~20 s in all). ``CHAOS_SECONDS`` overrides the
   run-phase length, ``CHAOS_SEED`` the seed.
 - The LONG profile (``CHAOS_PROFILE=long``): several seeds (``CHAOS_SEEDS``,
   default ``1,2,3``) x minutes (``CHAOS_SECONDS``, default 180) x {S3
@@ -47,6 +48,7 @@ def _run(tmp_path: Path, **kw: Any) -> ChaosResult:
 SHORT_S3_S = _env_float("CHAOS_SECONDS", 40.0)
 SHORT_FILE_S = _env_float("CHAOS_SECONDS", 12.0)
 SHORT_GROUP_S3_S = _env_float("CHAOS_SECONDS", 25.0)
+SHORT_SEAWEEDFS_S = _env_float("CHAOS_SECONDS", 35.0)
 SHORT_SEED = int(os.environ.get("CHAOS_SEED", "1"))
 
 
@@ -58,6 +60,20 @@ SHORT_SEED = int(os.environ.get("CHAOS_SEED", "1"))
 def test_chaos_short_s3(tmp_path: Path) -> None:
     """One seed on moto behind the fault proxy: every fault kind, kills, CLI runs (~60 s)."""
     _check(_run(tmp_path, backend="s3", seconds=SHORT_S3_S, seed=SHORT_SEED))
+
+
+@pytest.mark.chaos
+@pytest.mark.s3
+@pytest.mark.seaweedfs
+@pytest.mark.slow
+@pytest.mark.timeout(int(SHORT_SEAWEEDFS_S) + 420)
+@pytest.mark.skipif(LONG, reason="CHAOS_PROFILE=long runs the long profile instead")
+def test_chaos_short_seaweedfs(tmp_path: Path, seaweedfs_endpoint: str) -> None:
+    """One seed on SeaweedFS behind the fault proxy: every fault kind, kills, CLI runs (~75 s)."""
+    res = _run(
+        tmp_path, backend="s3", seconds=SHORT_SEAWEEDFS_S, seed=SHORT_SEED, upstream=seaweedfs_endpoint, kill_every_s=8
+    )
+    _check(res)
 
 
 @pytest.mark.chaos

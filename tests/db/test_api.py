@@ -24,6 +24,7 @@ import pytest
 
 import txns
 from persist import PersistConfig, ReadTimeout
+from tests.seaweedfs import DURABLE_KINDS
 from txns.db import clock
 
 ACCOUNTS = pa.schema([pa.field("account", pa.string(), nullable=False), pa.field("balance", pa.int64())])
@@ -39,6 +40,7 @@ def balances(db: txns.Database, as_of: object = None) -> dict[str, int]:
     return {r["account"]: r["balance"] for r in db.table("accounts").to_arrow(as_of=as_of).to_pylist()}
 
 
+@pytest.mark.parametrize("durable_url", DURABLE_KINDS, indirect=True)
 def test_end_to_end(durable_url: str) -> None:
     db = txns.connect(durable_url)
     assert db.tables() == []

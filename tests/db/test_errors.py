@@ -20,6 +20,7 @@ import pytest
 
 import txns
 from persist import InvalidUsage, PersistClient, ReadBelowSince, SchemaMismatch
+from tests.seaweedfs import S3_BACKENDS
 from txns.db import clock
 
 SCHEMA = pa.schema(
@@ -299,6 +300,7 @@ def test_create_false_on_mem() -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("s3_backend", S3_BACKENDS)
 def test_create_false_on_an_empty_bucket(s3_url_factory: Callable[..., str], s3_admin: Any) -> None:
     url = s3_url_factory()
     with pytest.raises(txns.DatabaseNotFound, match="no database at"):

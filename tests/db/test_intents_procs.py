@@ -23,6 +23,7 @@ import pytest
 import txns
 from persist import PersistConfig, PersistError
 from persist.fault_proxy import FaultPlan, FaultProxy
+from tests.seaweedfs import S3_BACKENDS
 from txns.db.intents import INTENTS, OUTCOMES, IntentFuture
 
 KEYS = [f"k{i}" for i in range(6)]
@@ -89,8 +90,9 @@ def _replay(intents: list[tuple[int, str, dict[str, Any]]]) -> tuple[dict[str, b
 @pytest.mark.s3
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("s3_backend", S3_BACKENDS)
 def test_processes_submit_through_faults_and_every_intent_gets_one_outcome(
-    s3_url_factory: Any, moto_endpoint: str
+    s3_url_factory: Any, s3_endpoint: str
 ) -> None:
     import json
 
@@ -102,8 +104,8 @@ def test_processes_submit_through_faults_and_every_intent_gets_one_outcome(
         t.upsert("counters", [{"k": c, "n": 0} for c in COUNTERS])
     db.submit(writes={("kv", "k0"): {"k": "k0", "v": 0}}).result()  # (creates the intent tables)
     plan = FaultPlan(drop_before=0.01, drop_reply=0.01, error_503=0.01, truncate=0.01)
-    with FaultProxy(moto_endpoint, seed=5, faults=plan) as proxy:
-        url = direct_url.replace(moto_endpoint, proxy.url)
+    with FaultProxy(s3_endpoint, seed=5, faults=plan) as proxy:
+        url = direct_url.replace(s3_endpoint, proxy.url)
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
         procs = [ctx.Process(target=_worker, args=(url, seed, out)) for seed in range(3)]

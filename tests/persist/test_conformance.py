@@ -1,7 +1,7 @@
 """The storage conformance suite (:mod:`persist.testing`) on every backend and wrapper.
 
-``TestBackends`` runs it on mem, file and s3 (moto), opened by URL
-(``location_url``: each test once per backend). The wrapper classes run it
+``TestBackends`` runs it on mem, file, s3 (moto) and SeaweedFS (a real S3
+server), opened by URL (``location_url``: each test once per backend). The wrapper classes run it
 through :mod:`persist.unreliable` (with no fault set) on each backend again:
 a wrapper must keep the contract and declare the capabilities of what it
 wraps (the suite skips by those flags, so a wrapper that lost S3's would
@@ -23,8 +23,10 @@ from persist.unreliable import (
     UnreliableBlob,
     UnreliableConsensus,
 )
+from tests.seaweedfs import STORE_KINDS
 
 
+@pytest.mark.parametrize("location_url", STORE_KINDS, indirect=True)
 class TestBackends(BlobConformance, ConsensusConformance):
     @pytest.fixture
     def blob_factory(self, location_url: str) -> Iterator[Callable[[], Blob]]:

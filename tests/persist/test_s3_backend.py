@@ -22,7 +22,7 @@ from botocore.stub import Stubber
 
 from persist.errors import Determinate, Indeterminate
 from persist.location import CaSResult
-from persist.s3 import HEAD_HINT_EVERY, S3Consensus, classify, make_client, open_s3
+from persist.s3 import CONFLICT_RETRIES, HEAD_HINT_EVERY, S3Consensus, classify, make_client, open_s3
 from persist.testing import race_compare_and_set
 from persist.url import open_location
 
@@ -50,7 +50,9 @@ def _client_error(status: int, code: str) -> ClientError:
         (ReadTimeoutError(endpoint_url="http://x"), Indeterminate),
         (ConnectionClosedError(endpoint_url="http://x"), Indeterminate),
         (_client_error(500, "InternalError"), Indeterminate),
-        (_client_error(503, "SlowDown"), Indeterminate),
+        (_client_error(503, "ServiceUnavailable"), Indeterminate),
+        (_client_error(503, "SlowDown"), Determinate),  # throttled: not processed
+        (_client_error(400, "RequestTimeout"), Determinate),  # the store never had the whole request
         (RuntimeError("something unknown"), Indeterminate),
         (EndpointConnectionError(endpoint_url="http://x"), Determinate),
         (ConnectTimeoutError(endpoint_url="http://x"), Determinate),
@@ -71,8 +73,11 @@ def test_s3_cas_conflicts_are_mismatches(status: int, code: str) -> None:
     client = make_client(region="us-east-1")
     consensus = S3Consensus(client, "bucket", "prefix")
     with Stubber(client) as stub:
-        stub.add_client_error("put_object", service_error_code=code, http_status_code=status)
+        # (a 409 conflict is sent again, CONFLICT_RETRIES times, before it counts as a MISMATCH)
+        for _ in range(CONFLICT_RETRIES + 1 if status == 409 else 1):
+            stub.add_client_error("put_object", service_error_code=code, http_status_code=status)
         assert consensus.compare_and_set("k", 3, b"x") is MISMATCH
+        stub.assert_no_pending_responses()
         stub.add_client_error(
             "put_object", service_error_code="InternalError", http_status_code=500
         )

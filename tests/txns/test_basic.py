@@ -15,6 +15,7 @@ from persist import (
     Updates,
 )
 from persist.unreliable import Op
+from tests.seaweedfs import STORE_KINDS
 from tests.txns.model import (
     SCHEMA,
     Recorder,
@@ -51,6 +52,7 @@ def _physical_upper(client: PersistClient, shard: str) -> int:
 # ---- the design's usage example ------------------------------------------------------
 
 
+@pytest.mark.parametrize("location_url", STORE_KINDS, indirect=True)
 def test_usage_example(location_url: str) -> None:
     client = PersistClient.open(location_url)
     txns = TxnsHandle.open(client, ShardId.new())
@@ -80,6 +82,7 @@ def test_usage_example(location_url: str) -> None:
     assert other.snapshot(d1, 4) == [(((1,), ("b",)), 4, -1)]
 
 
+@pytest.mark.parametrize("location_url", STORE_KINDS, indirect=True)
 def test_time_travel_on_every_backend(location_url: str) -> None:
     client = PersistClient.open(location_url)
     h = TxnsHandle.open(client, new_id())
