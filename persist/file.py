@@ -62,7 +62,7 @@ from persist.errors import Determinate, Indeterminate, InvalidUsage
 from persist.location import Blob, CaSResult, Consensus, VersionedData, next_seqno
 
 _TMP_PREFIX = ".tmp-"
-_SEQNO_RE = re.compile(r"^[0-9]{20}$")
+_SEQNO_RE = re.compile(r"[0-9]{20}")
 _KEY_DIR_PREFIX = "k"
 _NAME_MAX = 255
 # How often a read re-lists after a version it listed vanished (a concurrent
@@ -473,7 +473,7 @@ class FileConsensus(Consensus):
             names = os.listdir(directory)
         except FileNotFoundError:
             return []
-        return sorted(int(n) for n in names if _SEQNO_RE.match(n))
+        return sorted(int(n) for n in names if _SEQNO_RE.fullmatch(n))
 
     @staticmethod
     def _version_path(directory: Path, seqno: int) -> Path:

@@ -57,7 +57,7 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 3
 
-_SEQNO_RE = re.compile(r"^[0-9]{20}$")
+_SEQNO_RE = re.compile(r"[0-9]{20}")
 MAX_POOL_CONNECTIONS = 64
 _SCAN_GETS = 8  # versions a scan fetches at once (a reader catching up on a chain of state diffs)
 
@@ -412,7 +412,7 @@ class S3Consensus(_S3Base, Consensus):
         # The delimiter keeps the versions of a nested key (``key/sub``) out.
         for full in self._list(d, what, delimiter="/", start_after=start_after):
             name = full[len(d) :]
-            if _SEQNO_RE.match(name):
+            if _SEQNO_RE.fullmatch(name):
                 out.append(int(name))
                 if limit is not None and len(out) >= limit:
                     break
@@ -425,7 +425,7 @@ class S3Consensus(_S3Base, Consensus):
         except ExternalError:
             return None  # only an optimization: the full listing decides
         text = data.decode("ascii", "replace").strip() if data else ""
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isascii() and text.isdigit() else None
 
     def _write_head_hint(self, key: str, seqno: int) -> None:
         try:
@@ -527,7 +527,7 @@ class S3Consensus(_S3Base, Consensus):
         for full in self._list(self._base, f"s3 consensus list_keys {self._where(self._base)}"):
             rest = full[len(self._base) :]
             key, sep, name = rest.rpartition("/")
-            if sep and _SEQNO_RE.match(name):
+            if sep and _SEQNO_RE.fullmatch(name):
                 keys.add(key)
         return iter(sorted(keys))
 

@@ -26,7 +26,7 @@ CLOSED = 2**64
 DIFF_MIN, DIFF_MAX = -(2**63), 2**63 - 1
 RESERVED = ("ts", "diff")
 
-_SHARD_RE = re.compile(r"^s[0-9a-f]{32}$")
+_SHARD_RE = re.compile(r"s[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, order=True)
@@ -46,7 +46,7 @@ class ShardId:
 
     @staticmethod
     def parse(text: str) -> ShardId:
-        if not isinstance(text, str) or not _SHARD_RE.match(text):
+        if not isinstance(text, str) or not _SHARD_RE.fullmatch(text):
             raise InvalidUsage(
                 f"invalid shard id {text!r}: expected 's' followed by 32 lowercase hex "
                 f"digits, as made by ShardId.new()"

@@ -45,7 +45,7 @@ _S3_PARAMS = frozenset({"endpoint_url", "region"})
 _SECRETISH = re.compile(
     r"secret|password|passwd|token|credential|signature|access_?key|session|auth", re.IGNORECASE
 )
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _REDACTED = "REDACTED"
 
 
@@ -153,7 +153,7 @@ class Scheme:
 
 _SCHEMES: dict[str, Scheme] = {}
 _SCHEMES_LOCK = threading.Lock()
-_SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]*$")
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 def register_scheme(
@@ -189,7 +189,7 @@ def register_scheme(
     >>> unregister_scheme("scratch")
     """
     name = name.lower()
-    if not _SCHEME_RE.match(name):
+    if not _SCHEME_RE.fullmatch(name):
         raise InvalidUsage(f"invalid scheme name {name!r}: a letter, then letters, digits, '+', '-' or '.'")
     scheme = Scheme(
         name,
@@ -356,7 +356,7 @@ def _s3_target(u: LocationURL) -> _S3Target:
     bucket = parts.netloc
     if not bucket:
         raise u.invalid("missing BUCKET")
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
         raise u.invalid(f"{bucket!r} is not a valid bucket name (3-63 of a-z, 0-9, '.', '-')")
     if parts.fragment:
         raise u.invalid("s3:// takes no fragment")

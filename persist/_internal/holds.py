@@ -49,7 +49,7 @@ def hold_key(shard_id: str, created_ms: int, expires_ms: int) -> str:
 def parse_hold(key: str) -> tuple[int, int] | None:
     """``(created_ms, expires_ms)`` of a hold key, or None for another object."""
     parts = key.rsplit("/", 1)[-1].split("-")
-    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts[:2]):
         return None
     return int(parts[0]), int(parts[1])
 

@@ -170,7 +170,7 @@ def part_written_ms(key: str) -> int | None:
     """The write time embedded in a part key, or None if the key is not a part."""
     name = key.rsplit("/", 1)[-1]
     head = name.split("-", 1)[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isascii() and head.isdigit() else None
 
 
 def sort_updates(table: pa.Table) -> pa.Table:

@@ -10,11 +10,23 @@ the table and column, raised before anything is written:
 
 - the columns must be exactly the table's (any order): missing and
   unexpected ones are named;
-- a column's type must be the table's, or one that converts without loss
-  within the same kind (integers of other widths when every value fits,
-  integers to floats, other string/binary encodings, other timestamp units
-  when no precision is lost, an all-null column); a string where a number is
-  expected is a mistake, not a conversion;
+- a column's type must be the table's, or one whose values convert without
+  loss: a value converts when converting it back gives the same value
+  (:func:`_convert`). So integers of other widths convert when every value
+  fits; integers and decimals to floats when the float reads back as the same
+  number (``2**53 + 1`` does not fit a float64, nor ``Decimal(2**60 + 1)``);
+  floats to integers when they are whole; decimals to other precisions and
+  scales, timestamps, times and durations to other units when nothing is cut
+  off (nor overflows); a timestamp to a date only at midnight (a time of day
+  is refused, not dropped); other string/binary encodings; an all-null
+  column. The one rounding allowed: a float64 into a float32 (or float16)
+  column rounds to the nearest float32, as every float32 store does
+  (``16777217.0`` is stored as ``16777216.0``), but a finite value too large
+  for it (``1e300``) is refused, never stored as ``inf``. A string where a
+  number is expected is a mistake, not a conversion;
+- timestamps without a time zone are UTC: a naive value into a column with a
+  time zone is read as UTC, an aware value into a column without one is
+  stored as its UTC time (as ``as_of`` reads a naive ``datetime``);
 - a column the table declares non-nullable must hold no nulls.
 
 Pandas and Polars are imported only when such an object is passed or asked
@@ -195,21 +207,58 @@ def conform(piece: pa.Table | pa.RecordBatch, schema: pa.Schema, table_name: str
 
 
 def _convert(col: pa.ChunkedArray, field: pa.Field, table_name: str) -> pa.ChunkedArray:
+    """``col`` as ``field``'s type, or SchemaMismatch: only when every value converts without loss.
+
+    Arrow's safe cast refuses overflow and truncation for most pairs, but not
+    all (a float64 overflowing a float32 becomes ``inf``; a decimal or an
+    integer rounds into a float; a timestamp drops its time of day into a
+    date), so every conversion is also checked by converting back: the
+    values must come back equal. Float-to-float is the exception: it rounds
+    (see the module doc) and only overflow is refused.
+    """
     src, dst = col.type, field.type
     if pa.types.is_dictionary(src):
         col, src = col.cast(src.value_type), src.value_type
     ks, kd = _kind(src), _kind(dst)
-    if not (ks == kd or ks == "null" or (ks, kd) in _CONVERTIBLE or col.null_count == len(col)):
+    all_null = col.null_count == len(col)
+    if not (ks == kd or ks == "null" or (ks, kd) in _CONVERTIBLE or all_null):
         raise SchemaMismatch(
             f"table {table_name!r}: column {field.name!r} is {dst}, but the data has {src}; "
             f"convert it first (e.g. pyarrow.compute.cast)"
         )
     try:
-        return pc.cast(col, dst, safe=True)
+        out = pc.cast(col, dst, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise SchemaMismatch(
-            f"table {table_name!r}: column {field.name!r} ({src}) does not fit {dst} without loss: {e}"
+            f"table {table_name!r}: column {field.name!r} ({src}) does not fit {dst} without loss: {_short(e)}"
         ) from None
+    if ks == "null" or all_null:
+        return out
+    if ks == "float" and kd == "float":
+        lost = pc.and_(pc.is_finite(col), pc.invert(pc.is_finite(out)))
+    else:
+        try:
+            back = pc.cast(out, src, safe=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return out  # (no way back to compare with: the safe cast above is the check)
+        lost = pc.not_equal(back, col)
+        if ks == "float":  # NaN converts to NaN (it never equals itself)
+            lost = pc.and_(lost, pc.invert(pc.and_(pc.is_nan(back), pc.is_nan(col))))
+    lost = pc.fill_null(lost, False)
+    if pc.any(lost).as_py():
+        i = pc.index(lost, True).as_py()
+        raise SchemaMismatch(
+            f"table {table_name!r}: column {field.name!r} is {dst}, and the value {col[i].as_py()!r} ({src}) "
+            f"does not convert without loss (it would be stored as {out[i].as_py()!r}); convert the data "
+            f"yourself if that is what you want, or give the column a type that holds it"
+        )
+    return out
+
+
+def _short(e: Exception, limit: int = 300) -> str:
+    """An Arrow error's message, cut to ``limit`` characters (a float's repr in it can run to 300 digits)."""
+    text = str(e)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def conformed(data: object, schema: pa.Schema, table_name: str) -> Iterator[pa.Table]:

@@ -63,20 +63,43 @@ CATALOG_SCHEMA = Schema(
 PRIMARY_KEY_META = b"txns.primary_key"
 """The stored schema's metadata key holding a keyed table's primary key (a JSON list of column names)."""
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # fullmatch only: ``$`` would pass a final newline
 RESERVED_COLUMNS = ("ts", "diff")
+
+SYSTEM_PREFIX = "txns_"
+"""Table names starting with this (in any case) are the library's own tables: ``txns_intents``,
+``txns_outcomes``, ``txns_resolver`` (``db.submit``), ``txns_sinks`` (Spark sinks). Anyone may
+read them and set their retention; only the library creates, writes, drops or renames them."""
 
 
 def check_name(name: object, what: str = "table name") -> str:
     """``name`` if it is a valid table name, else InvalidTableName saying what is allowed."""
     if not isinstance(name, str):
         raise InvalidTableName(f"a {what} must be a str, got {type(name).__name__} {name!r}")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise InvalidTableName(
             f"invalid {what} {name!r}: use 1-128 characters, letters, digits and '_', "
             f"not starting with a digit (e.g. 'orders', 'daily_totals_2024')"
         )
     return name
+
+
+def is_system_name(name: object) -> bool:
+    """Whether ``name`` is a system table's name (see :data:`SYSTEM_PREFIX`)."""
+    return isinstance(name, str) and name[: len(SYSTEM_PREFIX)].lower() == SYSTEM_PREFIX
+
+
+def check_writable(name: object, action: str, allowed: frozenset[str] = frozenset()) -> None:
+    """InvalidTableName if ``name`` is a system table's and not in ``allowed`` (the library's own writes).
+
+    ``action`` says what was refused (``"create"``, ``"write to"``, ``"drop"``...).
+    """
+    if is_system_name(name) and name not in allowed:
+        raise InvalidTableName(
+            f"cannot {action} table {name!r}: names starting with {SYSTEM_PREFIX!r} are reserved for the "
+            f"library's own tables (it alone creates, writes and drops them; they are readable, and "
+            f"set_table_retention works on them); pick another name"
+        )
 
 
 def _supported(t: pa.DataType) -> bool:
@@ -244,12 +267,15 @@ class CatalogView:
 __all__ = [
     "CATALOG_SCHEMA",
     "PRIMARY_KEY_META",
+    "SYSTEM_PREFIX",
     "CatalogView",
     "TableEntry",
     "check_name",
     "check_primary_key",
     "check_schema",
+    "check_writable",
     "data_schema",
+    "is_system_name",
     "schema_from_text",
     "schema_to_text",
 ]

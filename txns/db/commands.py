@@ -33,7 +33,7 @@ def parse_as_of(text: str | None) -> int | dt.datetime | None:
     """``--as-of``: a timestamp (digits) or an ISO 8601 datetime (local time unless it has an offset)."""
     if text is None:
         return None
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     try:
         return dt.datetime.fromisoformat(text)

@@ -104,7 +104,7 @@ import pyarrow.compute as pc
 
 from persist import Indeterminate, InvalidUsage, backoff
 from txns.db.arrow_io import conform
-from txns.db.catalog import TableEntry
+from txns.db.catalog import TableEntry, is_system_name
 from txns.db.errors import TableExists, TableNotFound, TransactionConflict
 from txns.db.keyed import keys_from_values, require_keyed
 from txns.resolve import resolve
@@ -116,6 +116,8 @@ if TYPE_CHECKING:
 INTENTS = "txns_intents"
 OUTCOMES = "txns_outcomes"
 RESOLVER = "txns_resolver"
+SYSTEM_TABLES = frozenset({INTENTS, OUTCOMES, RESOLVER})
+"""The system tables of intents (only the library writes them: ``catalog.SYSTEM_PREFIX``)."""
 INTENTS_SCHEMA = pa.schema([("intent", pa.string()), ("body", pa.string())])
 OUTCOMES_SCHEMA = pa.schema(
     [("intent", pa.string()), ("epoch", pa.int64()), ("committed", pa.bool_()), ("reason", pa.string())]
@@ -233,7 +235,7 @@ def _entry(db: Database, view: Mapping[str, TableEntry], table: object, what: st
 
 
 def _system(name: str) -> bool:
-    return name in (INTENTS, OUTCOMES, RESOLVER)
+    return is_system_name(name)
 
 
 def _key(s: _Shape, key: object) -> Key:
@@ -344,6 +346,7 @@ def ensure_tables(db: Database) -> None:
             return
         try:
             with db.transaction() as t:
+                t._system = SYSTEM_TABLES
                 if INTENTS in missing:
                     t.create_table(INTENTS, INTENTS_SCHEMA)
                 if OUTCOMES in missing:
@@ -527,6 +530,7 @@ def _submit_many(
     before = db.cached_latest()
     try:
         with db.transaction(metadata=metadata) as t:
+            t._system = frozenset({INTENTS})
             t.insert(INTENTS, pa.table({"intent": pa.array(ids, pa.string()), "body": pa.array(bodies, pa.string())}))
     except Indeterminate as e:
         futures = [IntentFuture(db, i, before or 0, uncertain=True) for i in ids]
@@ -581,6 +585,7 @@ def resolve_intents(db: Database, max_attempts: int = RESOLVE_MAX_ATTEMPTS) -> i
     with st.resolving:
         for attempt in range(1, max_attempts + 1):
             t = db.transaction(metadata={"txns": "resolve intents"}, isolation="strict_serializable")
+            t._system = SYSTEM_TABLES
             try:
                 with _collector_paused():
                     done = _step(db, t)

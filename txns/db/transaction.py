@@ -71,7 +71,7 @@ from persist import (
 )
 from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
-from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, data_schema
+from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, check_writable, data_schema
 from txns.db.engines import engine_of
 from txns.db.errors import (
     DuplicateKey,
@@ -161,6 +161,9 @@ class Transaction:
     saw its outcome. Tables created in this transaction are not recorded
     (nothing committed to read; no other transaction can write them).
     """
+
+    _system: frozenset[str] = frozenset()
+    """The system tables (``catalog.SYSTEM_PREFIX``) this transaction may write: set by the library only."""
 
     def __init__(
         self, db: Database, metadata: Mapping[str, Any] | None = None, isolation: str = "strict_serializable"
@@ -263,6 +266,7 @@ class Transaction:
         """
         self._check_open()
         check_name(name)
+        check_writable(name, "create", self._system)
         schema = check_schema(schema)
         pk = check_primary_key(schema, primary_key)
         ret = None if retention is None else check_retention(retention)
@@ -285,6 +289,7 @@ class Transaction:
     def drop_table(self, name: str) -> None:
         """Drop table ``name``. Reads as of earlier times still see it (within retention)."""
         self._check_open()
+        check_writable(name, "drop", self._system)
         e = self._entry(name)
         del self._view[name]
         self._ops.append(("drop", e, None))
@@ -293,6 +298,8 @@ class Transaction:
     def rename_table(self, old: str, new: str) -> None:
         """Rename table ``old`` to ``new``; its data and history stay with it."""
         self._check_open()
+        check_writable(old, "rename", self._system)
+        check_writable(new, "rename a table to", self._system)
         e = self._entry(old)
         check_name(new, "new table name")
         if new in self._view:
@@ -340,6 +347,7 @@ class Transaction:
         ``DuplicateKey`` naming it, and nothing of ``data`` is inserted.
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         engine = engine_of(data)
         if engine is not None:  # a Spark DataFrame: its executors write the parts
             return int(engine.insert(self, table, data))
@@ -391,6 +399,7 @@ class Transaction:
         must be exactly its key's current row.
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         e = self._entry(table)
         check_input(data, table)
         pieces = [p for p in conformed(data, e.schema, table) if p.num_rows]
@@ -436,6 +445,7 @@ class Transaction:
         ``insert`` after it replaces the contents: an overwrite).
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         e = self._entry(table)
         d = e.data_id
         if d in self._counts or d in self._own or d in self._emptied:
@@ -478,6 +488,7 @@ class Transaction:
         transaction, e.g. after a conflict, or delete them itself).
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         e = self._entry(table)
         if keep_on_abort:
             self._kept.add(id(batch))
@@ -654,6 +665,7 @@ class Transaction:
         twice in ``data`` raises ``DuplicateKey``; nothing is written then.
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         e = self._entry(table)
         require_keyed(e, "upsert")
         check_input(data, table)
@@ -676,6 +688,7 @@ class Transaction:
         dicts; other columns are ignored). A key with no row is skipped.
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         e = self._entry(table)
         require_keyed(e, "delete")
         wanted = list(dict.fromkeys(keys_of(e, keys)))
@@ -698,6 +711,7 @@ class Transaction:
         the new one added.
         """
         self._check_open()
+        check_writable(table, "write to", self._system)
         e = self._entry(table)
         pk = require_keyed(e, "update")
         k = keys_from_values(e, [key])[0]

@@ -61,7 +61,7 @@ import pyarrow as pa
 
 from persist import Batch, InvalidUsage, PartRetired, Schema, SchemaMismatch
 from persist.manifest import PartRef, Run, bound_value, keep_parts
-from txns.db.catalog import TableEntry, data_schema
+from txns.db.catalog import TableEntry, check_writable, data_schema
 from txns.db.errors import DuplicateKey, InvalidPrimaryKey, TableExists, TableNotFound, TransactionConflict
 from txns.db.keyed import describe_key
 from txns.db.transaction import CommitInfo, Transaction
@@ -210,6 +210,7 @@ def _merge(
     if delete_column is not None and not isinstance(delete_column, str):
         raise InvalidUsage(f"delete_column must be a column name (str) or None, got {delete_column!r}")
     check_url(db.url)
+    check_writable(table, "merge into")
     probe = db.transaction(metadata=metadata)
     try:
         _ = probe.read_ts  # (the table names as of now)
@@ -224,6 +225,8 @@ def _merge(
     while True:
         attempt += 1
         t = db.transaction(metadata=metadata, isolation="strict_serializable")
+        if progress is not None:
+            t._system = frozenset({SINKS})
         try:
             if progress is not None and _merged_already(t, *progress):
                 return dataclasses.replace(t.commit(), attempts=attempt), MergeStats(0, 0, 0, 0, 0, 0, 0)

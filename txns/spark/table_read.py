@@ -152,8 +152,8 @@ AS_OF_KEYS = ("asOf", "timestampAsOf", "versionAsOf")
 """The option names of the read time (the last two as Delta users know them)."""
 WALL_CLOCK_FORMS = "a txns timestamp (an integer), or a wall-clock time such as '2026-11-23 15:00', "
 WALL_CLOCK_FORMS += "'2026-11-23T15:00:00.250' or '2026-11-23T15:00:00+02:00' (no offset: UTC)"
-_INT = re.compile(r"^\s*\d+\s*$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+_INT = re.compile(r"\s*[0-9]+\s*")
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_VALID_S = 7 * 86400.0
 """The longest ``validFor`` (a part hold's limit)."""
@@ -188,7 +188,7 @@ def parse_time(value: object, option: str, *, end_of_ms: bool) -> int:
         when = value
     else:
         text = str(value).strip()
-        if _INT.match(text):
+        if _INT.fullmatch(text):
             ts = int(text)
             if ts >= 2**63:
                 raise InvalidUsage(f"option {option} {text} is out of range (a timestamp is below 2**63)")
@@ -207,7 +207,7 @@ def parse_time(value: object, option: str, *, end_of_ms: bool) -> int:
 
 def parse_duration(value: object, option: str) -> float:
     """Seconds from ``"7200"``, ``"90m"`` or ``"2h"`` (positive); InvalidUsage otherwise."""
-    m = _DURATION.match(str(value))
+    m = _DURATION.fullmatch(str(value))
     seconds = float(m.group(1)) * _UNIT_S[m.group(2)] if m else 0.0
     if not 0 < seconds <= MAX_VALID_S:
         raise InvalidUsage(

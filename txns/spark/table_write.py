@@ -100,7 +100,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from persist import Batch, Indeterminate, InvalidUsage, PersistConfig, SchemaMismatch
 from persist.manifest import Run
-from txns.db.catalog import TableEntry, data_schema
+from txns.db.catalog import TableEntry, check_writable, data_schema
 from txns.db.errors import TableExists, TableNotFound, TransactionConflict
 from txns.spark._common import check_url, location
 from txns.spark.write import _write_rows, check_columns, part_refs
@@ -355,11 +355,13 @@ def stream_progress(db: Database, sink: str) -> int | None:
 def commit_stream_batch(target: Target, sink: str, batch: Batch, rows: int, batch_id: int, overwrite: bool) -> bool:
     """Commit micro-batch ``batch_id`` exactly once (see the module doc); False if it was already committed."""
     meta = {"spark": {"mode": "complete" if overwrite else "append", "rows": rows, "sink": sink, "batch": batch_id}}
+    check_writable(target.table, "write to")
     db = _connect(target.url)
     try:
         for attempt in range(1, STREAM_ATTEMPTS + 1):
             try:
                 with db.transaction(metadata=meta, isolation="strict_serializable") as t:
+                    t._system = frozenset({SINKS})
                     _ = t.read_ts  # the read time first: the names below resolve at it
                     _check_same_table(t, target)
                     try:
