@@ -227,6 +227,10 @@ def _convert(col: pa.ChunkedArray, field: pa.Field, table_name: str) -> pa.Chunk
             f"convert it first (e.g. pyarrow.compute.cast)"
         )
     try:
+        if ks == "int" and kd == "decimal" and pa.types.is_decimal128(dst) and 0 <= dst.scale <= 18:
+            # (Arrow checks an integer against the decimal's precision by its type, not its values:
+            # through the widest decimal, the values are checked)
+            col = pc.cast(col, pa.decimal128(38, dst.scale), safe=True)
         out = pc.cast(col, dst, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise SchemaMismatch(

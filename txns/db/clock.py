@@ -57,9 +57,15 @@ def to_datetime(ts: int) -> dt.datetime:
 
 
 def ms_of_datetime(when: dt.datetime) -> int:
-    """Milliseconds since the epoch of ``when``; a naive datetime is taken as local time."""
+    """Milliseconds since the epoch of ``when``; a naive datetime is taken as UTC.
+
+    UTC, as everywhere a naive time meets the database: a naive value
+    inserted into a timestamp column with a time zone, Spark's ``asOf``
+    option, the CLI's ``--as-of``. (``datetime.now()`` is local time: pass
+    ``datetime.now(timezone.utc)``, or any aware datetime.)
+    """
     if when.tzinfo is None:
-        when = when.astimezone()  # local time, as datetime.now() gives
+        when = when.replace(tzinfo=dt.UTC)
     delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     return (delta.days * 86_400_000) + (delta.seconds * 1000) + (delta.microseconds // 1000)
 

@@ -30,7 +30,7 @@ class UsageError(Exception):
 
 
 def parse_as_of(text: str | None) -> int | dt.datetime | None:
-    """``--as-of``: a timestamp (digits) or an ISO 8601 datetime (local time unless it has an offset)."""
+    """``--as-of``: a timestamp (digits) or an ISO 8601 datetime (UTC unless it has an offset)."""
     if text is None:
         return None
     if text.isascii() and text.isdigit():
