@@ -24,9 +24,15 @@ Example::
     b'v'
 
 Credentials never go in a URL: S3 credentials come from boto3's standard
-chain, and a URL carrying userinfo or a secret-looking query parameter is
-refused (without echoing the secret). Use :func:`redact` before logging a URL:
-it keeps the URL exactly as the user typed it, less any secret.
+chain. Every part of a URL is on an allow-list, and anything else is refused
+(without echoing it): userinfo, a fragment, a query parameter other than
+``endpoint_url`` and ``region`` (s3 only), a control character (raw or
+percent-encoded), and an ``endpoint_url`` beyond ``http[s]://HOST[:PORT][/PATH]``
+(no userinfo, query, fragment or ``;`` parameters; a plain path). Use
+:func:`redact` before printing a URL (every message of this package does):
+it keeps the scheme, host and path, and the values of the allowed
+parameters when they have the allowed form, and prints every other value
+(and any fragment or userinfo) as ``REDACTED``.
 """
 
 from __future__ import annotations
@@ -43,8 +49,13 @@ from persist.location import Blob, Consensus
 
 _S3_PARAMS = frozenset({"endpoint_url", "region"})
 _SECRETISH = re.compile(
-    r"secret|password|passwd|token|credential|signature|access_?key|session|auth", re.IGNORECASE
+    r"secret|password|passwd|token|credential|signature|access_?key|session|auth|sig|key", re.IGNORECASE
 )
+_PARAM_NAME_RE = re.compile(r"[A-Za-z][A-Za-z_.-]{0,31}")  # a name plain enough to print (no digits: no keys)
+_REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ENDPOINT_PATH_RE = re.compile(r"[A-Za-z0-9._~/-]*")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_HOST_RE = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _REDACTED = "REDACTED"
 
@@ -62,36 +73,68 @@ class Location:
         self.blob.close()
         self.consensus.close()
 
+    def __repr__(self) -> str:
+        return f"Location({redact(self.url)!r})"
 
-def redact(url: str) -> str:
-    """``url`` fit for messages and logs: exactly as typed, less userinfo and secret-looking query values.
 
-    Query values that are URLs themselves (``endpoint_url``) are redacted too.
-    Nothing else is rewritten, so messages quote the URL the user typed.
+def redact(url: object) -> str:
+    """``url`` fit for messages and logs: only the parts on the allow-list, every other value ``REDACTED``.
+
+    Kept as typed: the scheme, the host (less any userinfo) and the path.
+    Query parameters: ``region`` and ``endpoint_url`` keep their values when
+    these have the allowed form (a plain name; ``http[s]://HOST[:PORT][/PATH]``,
+    itself redacted the same way); any other parameter prints as
+    ``name=REDACTED`` (a name that is not short and plain, as ``REDACTED``);
+    a fragment as ``#REDACTED``. Control characters print escaped.
     """
+    if not isinstance(url, str):
+        return f"<not a URL: a {type(url).__name__}>"
+    head, hash_, _fragment = url.partition("#")
+    head, qmark, query = head.partition("?")
+    scheme, sep, rest = head.partition("://")
+    if sep:
+        netloc, slash, path = rest.partition("/")
+        if "@" in netloc:
+            netloc = netloc.rpartition("@")[2]
+        head = f"{scheme}{sep}{netloc}{slash}{path}"
+    out = head
+    if qmark:
+        out += "?" + "&".join(_redact_param(piece) for piece in query.split("&"))
+    if hash_:
+        out += "#" + _REDACTED
+    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], out)
+
+
+def _redact_param(piece: str) -> str:
+    name, eq, value = piece.partition("=")
+    plain = unquote(name)
+    if not _PARAM_NAME_RE.fullmatch(plain):
+        return _REDACTED
+    if not eq:
+        return _REDACTED  # a bare word may be a pasted secret
+    if plain == "region" and _REGION_RE.fullmatch(unquote(value)):
+        return piece
+    if plain == "endpoint_url" and value:
+        return f"{name}={redact_endpoint(unquote(value))}"
+    return f"{name}={_REDACTED}"
+
+
+def redact_endpoint(url: str) -> str:
+    """An ``endpoint_url`` value for messages: ``scheme://host[:port]`` and a plain path; the rest ``REDACTED``."""
     try:
-        parts = urlsplit(url)
+        ep = urlsplit(url)
+        host, port = ep.hostname, ep.port
     except ValueError:
-        return "<unparseable url>"
-    out = url
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0] + "@"
-        out = out.replace("//" + userinfo, "//", 1)
-    if parts.query:
-        pieces = []
-        for piece in parts.query.split("&"):
-            name, eq, value = piece.partition("=")
-            if eq and _SECRETISH.search(unquote(name)):
-                piece = f"{name}={_REDACTED}"
-            elif eq and "://" in unquote(value):
-                inner = unquote(value)
-                red = redact(inner)
-                if red != inner:
-                    piece = f"{name}={red}"
-            pieces.append(piece)
-        query = "&".join(pieces)
-        if query != parts.query:
-            out = out.replace("?" + parts.query, "?" + query, 1)
+        return _REDACTED
+    if ep.scheme not in ("http", "https") or not host or not _HOST_RE.fullmatch(host):
+        return _REDACTED
+    out = f"{ep.scheme}://{host}" + (f":{port}" if port is not None else "")
+    if ep.path:
+        out += ep.path if _ENDPOINT_PATH_RE.fullmatch(ep.path) else "/" + _REDACTED
+    if ep.query:
+        out += "?" + _REDACTED
+    if ep.fragment or url.endswith("#"):
+        out += "#" + _REDACTED
     return out
 
 
@@ -239,6 +282,13 @@ def _bad(url: str, why: str) -> InvalidUsage:
 
 
 def _parse(url: str) -> tuple[Scheme, LocationURL]:
+    if not isinstance(url, str):
+        raise InvalidUsage(
+            f"a location URL must be a str, got {type(url).__name__}; accepted forms: {', '.join(accepted_forms())}"
+        )
+    if _CONTROL_RE.search(url) or _CONTROL_RE.search(unquote(url)):
+        # (urllib drops raw tabs and newlines silently; a NUL reaches the file system as a raw ValueError)
+        raise _bad(url, "it holds a control character (raw or percent-encoded, such as %00 or %0A)")
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise _bad(url, "missing '://'")
@@ -367,26 +417,46 @@ def _s3_target(u: LocationURL) -> _S3Target:
         raise u.invalid("malformed query") from None
     for name, value in pairs:
         if name not in _S3_PARAMS:
+            shown = repr(name) if _PARAM_NAME_RE.fullmatch(name) else "(its name not shown: it may be a secret)"
             hint = " (credentials do not belong in the URL)" if _SECRETISH.search(name) else ""
             raise u.invalid(
-                f"unknown query parameter {name!r}{hint}; known: {', '.join(sorted(_S3_PARAMS))}",
+                f"unknown query parameter {shown}{hint}; known: {', '.join(sorted(_S3_PARAMS))}",
             )
         if name in params:
             raise u.invalid(f"query parameter {name!r} given twice")
         if not value:
             raise u.invalid(f"query parameter {name!r} is empty")
         params[name] = value
+    region = params.get("region")
+    if region is not None and not _REGION_RE.fullmatch(region):
+        raise u.invalid("region must be a region name (letters, digits, '-', '_', '.'), e.g. us-east-1")
     endpoint_url = params.get("endpoint_url")
     if endpoint_url is not None:
-        ep = urlsplit(endpoint_url)
-        if ep.scheme not in ("http", "https") or not ep.hostname:
-            raise u.invalid(
-                f"endpoint_url must be an http:// or https:// URL, got {redact(endpoint_url)!r}",
-            )
-        if ep.username or ep.password:
-            raise u.invalid("credentials do not belong in endpoint_url; use the standard AWS chain")
+        _check_endpoint(u, endpoint_url)
     prefix = unquote(parts.path).strip("/")
     return _S3Target(bucket, prefix, endpoint_url, params.get("region"))
+
+
+def _check_endpoint(u: LocationURL, endpoint_url: str) -> None:
+    """``u.invalid`` unless ``endpoint_url`` is ``http[s]://HOST[:PORT][/PATH]`` with a plain path and nothing else."""
+    try:
+        ep = urlsplit(endpoint_url)
+        port = ep.port
+    except ValueError:
+        raise u.invalid("endpoint_url is not a URL (e.g. http://127.0.0.1:9000)") from None
+    if ep.scheme not in ("http", "https") or not ep.hostname:
+        raise u.invalid(f"endpoint_url must be an http:// or https:// URL, got {redact_endpoint(endpoint_url)!r}")
+    if "@" in ep.netloc:
+        raise u.invalid("credentials do not belong in endpoint_url; use the standard AWS chain")
+    if not _HOST_RE.fullmatch(ep.hostname) or (port is None and ep.netloc.endswith(":")):
+        raise u.invalid("endpoint_url has a malformed host or port")
+    if ep.query or ep.fragment or "#" in endpoint_url or "?" in endpoint_url:
+        raise u.invalid("endpoint_url takes no query or fragment: http[s]://HOST[:PORT][/PATH]")
+    if not _ENDPOINT_PATH_RE.fullmatch(ep.path):
+        raise u.invalid(
+            "endpoint_url's path may hold only letters, digits and '._~/-' (no ';' parameters, no escapes): "
+            "http[s]://HOST[:PORT][/PATH]"
+        )
 
 
 def _check_s3(u: LocationURL) -> None:

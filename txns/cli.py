@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from persist import InvalidUsage, PersistClient, PersistError, ShardId
-from persist.url import accepted_forms, local_path, redact
+from persist.url import accepted_forms, local_path, redact, validate_url
 from txns.admin import TxnsView, apply_and_tidy, collect_garbage, compact_txns, open_handle, read_txns, txns_state
 from txns.db.commands import UsageError, add_commands, compact_db, gc_reason, table_names, txns_id_of
 
@@ -57,6 +58,20 @@ DEFAULT_GC_OLDER_THAN_S = 24 * 3600.0
 
 class CliError(Exception):
     """A problem the user can fix; printed as one line, exit status 2."""
+
+
+class _ArgumentError(Exception):
+    """argparse's complaint about the command line (raised instead of exiting, so ``--json`` can report it)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(self, message)
 
 
 # ---- arguments -----------------------------------------------------------------------
@@ -255,8 +270,8 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
-    if args.older_than < 0:
-        raise CliError(f"--older-than must be >= 0 seconds, got {args.older_than}")
+    if not math.isfinite(args.older_than) or args.older_than < 0:
+        raise CliError(f"--older-than must be a number of seconds >= 0, got {args.older_than}")
     client, txns_id = _target(args)
     r = collect_garbage(client, txns_id, args.older_than)
     names = _names(args)
@@ -317,7 +332,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="txns",
         description="Atomic multi-table transactions on object storage: operator tools and a demo.",
     )
@@ -392,37 +407,73 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run the ``txns`` command with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    """Run the ``txns`` command with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Errors print one line on ``err``; with ``--json`` also one JSON document
+    on ``out``: ``{"error": {"type", "message", "exit_status"}, "command"}``
+    (so a script reading ``out`` always gets one document).
+    """
     out = out or sys.stdout
     err = err or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser()
+
+    def fail(status: int, kind: str, line: str) -> int:
+        err.write(line + "\n")
+        if as_json:
+            doc = {"command": command, "error": {"type": kind, "message": line, "exit_status": status}}
+            out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return status
+
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed usage and the error
+    except _ArgumentError as e:  # as argparse prints it: the usage, then the error
+        e.parser.print_usage(err)
+        return fail(EXIT_USAGE, "UsageError", f"{e.parser.prog}: error: {e.message}")
+    except SystemExit as e:  # --help, --version: argparse has printed them
         return int(e.code or 0)
+    command = args.command
     try:
+        url = getattr(args, "url", None)
+        if url is not None:
+            _check_shared(url)
         return int(args.func(args, out))
     except (CliError, UsageError) as e:
-        err.write(f"txns {args.command}: {e}\n")
-        return EXIT_USAGE
+        return fail(EXIT_USAGE, type(e).__name__, f"txns {args.command}: {e}")
     except InvalidUsage as e:  # bad input: a bad URL, a missing bucket, a wrong schema...
         if os.environ.get("TXNS_DEBUG"):
             raise
-        err.write(f"txns {args.command}: {e}\n")
-        return EXIT_USAGE
+        return fail(EXIT_USAGE, type(e).__name__, f"txns {args.command}: {e}")
     except PersistError as e:  # storage failures, timeouts: safe to run the command again
         if os.environ.get("TXNS_DEBUG"):
             raise
-        err.write(f"txns {args.command}: {type(e).__name__}: {e} (safe to run again)\n")
-        return EXIT_FAILED
+        return fail(EXIT_FAILED, type(e).__name__, f"txns {args.command}: {type(e).__name__}: {e} (safe to run again)")
     except KeyboardInterrupt:
-        err.write(f"txns {args.command}: interrupted\n")
-        return 130
+        return fail(130, "KeyboardInterrupt", f"txns {args.command}: interrupted")
     except Exception as e:  # one line, not a traceback, unless asked
         if os.environ.get("TXNS_DEBUG"):
             raise
-        err.write(f"txns {args.command}: unexpected {type(e).__name__}: {e} (set TXNS_DEBUG=1 for a traceback)\n")
-        return EXIT_FAILED
+        return fail(
+            EXIT_FAILED,
+            type(e).__name__,
+            f"txns {args.command}: unexpected {type(e).__name__}: {e} (set TXNS_DEBUG=1 for a traceback)",
+        )
+
+
+def _check_shared(url: str) -> None:
+    """CliError for a URL of storage that lives in one process (``mem://``): the command's would vanish with it."""
+    try:
+        scheme = validate_url(url)
+    except InvalidUsage as e:
+        raise CliError(str(e)) from None
+    if scheme.process_local:
+        raise CliError(
+            f"{redact(url)!r} is in-process storage: it lives only as long as this command (a database "
+            f"made there would vanish when it exits, and there is none to read); give a shared location: "
+            f"{', '.join(accepted_forms(shared_only=True))}"
+        )
 
 
 def entry() -> None:

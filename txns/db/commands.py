@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -85,9 +86,13 @@ def _when(ts: int) -> str:
 def cmd_init(args: argparse.Namespace, out: TextIO) -> int:
     retention = None
     if args.retention_days is not None:
-        if args.retention_days < 0:
-            raise UsageError(f"--retention-days must be >= 0, got {args.retention_days}")
-        retention = dt.timedelta(days=args.retention_days)
+        days = args.retention_days
+        if not math.isfinite(days) or days < 0:
+            raise UsageError(f"--retention-days must be a number of days >= 0, got {days}")
+        try:
+            retention = dt.timedelta(days=days)
+        except OverflowError:
+            raise UsageError(f"--retention-days {days} is too large (at most {dt.timedelta.max.days} days)") from None
     existed = True
     try:
         db = connect(args.url, create=False)
