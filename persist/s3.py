@@ -50,6 +50,7 @@ from botocore.exceptions import (
 from persist._internal.threads import ThreadPool
 from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
 from persist.location import Blob, CaSResult, Consensus, VersionedData, next_seqno
+from persist.redact import redact_endpoint
 
 #: Client configuration, in one place. Timeouts bound every request; retries
 #: are few because the layer above retries persist operations itself.
@@ -546,7 +547,7 @@ def open_s3(
     """
     client = make_client(endpoint_url, region, **client_options)
     _DateClock.of(client)  # (before the first request: its Date is the first reading of S3's clock)
-    where = f"s3://{bucket}" + (f" at {endpoint_url}" if endpoint_url else "")
+    where = f"s3://{bucket}" + (f" at {redact_endpoint(endpoint_url)}" if endpoint_url else "")
     try:
         client.head_bucket(Bucket=bucket)
     except ClientError as e:

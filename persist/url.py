@@ -46,18 +46,14 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from persist.errors import Determinate, InvalidUsage
 from persist.location import Blob, Consensus
+from persist.redact import CONTROL_RE, ENDPOINT_PATH_RE, HOST_RE, PARAM_NAME_RE, REGION_RE, redact_endpoint
+from persist.redact import redact as redact  # (re-exported: persist.url.redact is public)
 
 _S3_PARAMS = frozenset({"endpoint_url", "region"})
 _SECRETISH = re.compile(
     r"secret|password|passwd|token|credential|signature|access_?key|session|auth|sig|key", re.IGNORECASE
 )
-_PARAM_NAME_RE = re.compile(r"[A-Za-z][A-Za-z_.-]{0,31}")  # a name plain enough to print (no digits: no keys)
-_REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_ENDPOINT_PATH_RE = re.compile(r"[A-Za-z0-9._~/-]*")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-_HOST_RE = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_REDACTED = "REDACTED"
 
 
 @dataclass(frozen=True)
@@ -75,67 +71,6 @@ class Location:
 
     def __repr__(self) -> str:
         return f"Location({redact(self.url)!r})"
-
-
-def redact(url: object) -> str:
-    """``url`` fit for messages and logs: only the parts on the allow-list, every other value ``REDACTED``.
-
-    Kept as typed: the scheme, the host (less any userinfo) and the path.
-    Query parameters: ``region`` and ``endpoint_url`` keep their values when
-    these have the allowed form (a plain name; ``http[s]://HOST[:PORT][/PATH]``,
-    itself redacted the same way); any other parameter prints as
-    ``name=REDACTED`` (a name that is not short and plain, as ``REDACTED``);
-    a fragment as ``#REDACTED``. Control characters print escaped.
-    """
-    if not isinstance(url, str):
-        return f"<not a URL: a {type(url).__name__}>"
-    head, hash_, _fragment = url.partition("#")
-    head, qmark, query = head.partition("?")
-    scheme, sep, rest = head.partition("://")
-    if sep:
-        netloc, slash, path = rest.partition("/")
-        if "@" in netloc:
-            netloc = netloc.rpartition("@")[2]
-        head = f"{scheme}{sep}{netloc}{slash}{path}"
-    out = head
-    if qmark:
-        out += "?" + "&".join(_redact_param(piece) for piece in query.split("&"))
-    if hash_:
-        out += "#" + _REDACTED
-    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], out)
-
-
-def _redact_param(piece: str) -> str:
-    name, eq, value = piece.partition("=")
-    plain = unquote(name)
-    if not _PARAM_NAME_RE.fullmatch(plain):
-        return _REDACTED
-    if not eq:
-        return _REDACTED  # a bare word may be a pasted secret
-    if plain == "region" and _REGION_RE.fullmatch(unquote(value)):
-        return piece
-    if plain == "endpoint_url" and value:
-        return f"{name}={redact_endpoint(unquote(value))}"
-    return f"{name}={_REDACTED}"
-
-
-def redact_endpoint(url: str) -> str:
-    """An ``endpoint_url`` value for messages: ``scheme://host[:port]`` and a plain path; the rest ``REDACTED``."""
-    try:
-        ep = urlsplit(url)
-        host, port = ep.hostname, ep.port
-    except ValueError:
-        return _REDACTED
-    if ep.scheme not in ("http", "https") or not host or not _HOST_RE.fullmatch(host):
-        return _REDACTED
-    out = f"{ep.scheme}://{host}" + (f":{port}" if port is not None else "")
-    if ep.path:
-        out += ep.path if _ENDPOINT_PATH_RE.fullmatch(ep.path) else "/" + _REDACTED
-    if ep.query:
-        out += "?" + _REDACTED
-    if ep.fragment or url.endswith("#"):
-        out += "#" + _REDACTED
-    return out
 
 
 # ---- the scheme registry -----------------------------------------------------------
@@ -286,7 +221,7 @@ def _parse(url: str) -> tuple[Scheme, LocationURL]:
         raise InvalidUsage(
             f"a location URL must be a str, got {type(url).__name__}; accepted forms: {', '.join(accepted_forms())}"
         )
-    if _CONTROL_RE.search(url) or _CONTROL_RE.search(unquote(url)):
+    if CONTROL_RE.search(url) or CONTROL_RE.search(unquote(url)):
         # (urllib drops raw tabs and newlines silently; a NUL reaches the file system as a raw ValueError)
         raise _bad(url, "it holds a control character (raw or percent-encoded, such as %00 or %0A)")
     scheme, sep, rest = url.partition("://")
@@ -417,7 +352,7 @@ def _s3_target(u: LocationURL) -> _S3Target:
         raise u.invalid("malformed query") from None
     for name, value in pairs:
         if name not in _S3_PARAMS:
-            shown = repr(name) if _PARAM_NAME_RE.fullmatch(name) else "(its name not shown: it may be a secret)"
+            shown = repr(name) if PARAM_NAME_RE.fullmatch(name) else "(its name not shown: it may be a secret)"
             hint = " (credentials do not belong in the URL)" if _SECRETISH.search(name) else ""
             raise u.invalid(
                 f"unknown query parameter {shown}{hint}; known: {', '.join(sorted(_S3_PARAMS))}",
@@ -428,7 +363,7 @@ def _s3_target(u: LocationURL) -> _S3Target:
             raise u.invalid(f"query parameter {name!r} is empty")
         params[name] = value
     region = params.get("region")
-    if region is not None and not _REGION_RE.fullmatch(region):
+    if region is not None and not REGION_RE.fullmatch(region):
         raise u.invalid("region must be a region name (letters, digits, '-', '_', '.'), e.g. us-east-1")
     endpoint_url = params.get("endpoint_url")
     if endpoint_url is not None:
@@ -448,11 +383,11 @@ def _check_endpoint(u: LocationURL, endpoint_url: str) -> None:
         raise u.invalid(f"endpoint_url must be an http:// or https:// URL, got {redact_endpoint(endpoint_url)!r}")
     if "@" in ep.netloc:
         raise u.invalid("credentials do not belong in endpoint_url; use the standard AWS chain")
-    if not _HOST_RE.fullmatch(ep.hostname) or (port is None and ep.netloc.endswith(":")):
+    if not HOST_RE.fullmatch(ep.hostname) or (port is None and ep.netloc.endswith(":")):
         raise u.invalid("endpoint_url has a malformed host or port")
     if ep.query or ep.fragment or "#" in endpoint_url or "?" in endpoint_url:
         raise u.invalid("endpoint_url takes no query or fragment: http[s]://HOST[:PORT][/PATH]")
-    if not _ENDPOINT_PATH_RE.fullmatch(ep.path):
+    if not ENDPOINT_PATH_RE.fullmatch(ep.path):
         raise u.invalid(
             "endpoint_url's path may hold only letters, digits and '._~/-' (no ';' parameters, no escapes): "
             "http[s]://HOST[:PORT][/PATH]"

@@ -88,8 +88,15 @@ def test_json_errors_are_one_document_on_stdout_for_every_command(url: str, tmp_
 
 
 def test_json_success_is_one_document_for_every_command(url: str) -> None:
-    for argv in (["init", url], ["tables", url], ["history", url], ["inspect", url], ["apply", url],
-                 ["compact", url], ["gc", url]):
+    for argv in (
+        ["init", url],
+        ["tables", url],
+        ["history", url],
+        ["inspect", url],
+        ["apply", url],
+        ["compact", url],
+        ["gc", url],
+    ):
         code, out, err = run(*argv, "--json")
         assert code == 0, (argv, err)
         assert isinstance(json.loads(out), dict), argv

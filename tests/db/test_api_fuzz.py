@@ -71,33 +71,104 @@ TYPES = {
 }
 GOOD_NAMES = ["acct", "orders", "t_1", "_x"]
 BAD_NAMES: list[Any] = [
-    "acct\n", "txns_intents", "txns_outcomes", "TXNS_mine", "", "1abc", "a-b", "a" * 129, "é", None, 5, b"acct",
+    "acct\n",
+    "txns_intents",
+    "txns_outcomes",
+    "TXNS_mine",
+    "",
+    "1abc",
+    "a-b",
+    "a" * 129,
+    "é",
+    None,
+    5,
+    b"acct",
 ]
 VALUES: list[Any] = [
-    None, 0, 1, -1, 127, 128, 2**24 + 1, 2**53 + 1, 2**63 - 1, 2**64, -(2**63),
-    0.5, 1.5, 3.0, 16777217.0, 1e300, -1e300, math.nan, math.inf,
-    "x", "", "1", b"b", True,
-    D("0.5"), D("1.25"), D("1.234"), D(2**60 + 1),
-    dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1, 12, 30), dt.datetime(2024, 1, 1, 0, 0, 0, 1500),
-    dt.datetime(2024, 1, 1, 9, tzinfo=dt.timezone(dt.timedelta(hours=9))), dt.datetime(2024, 1, 1, tzinfo=UTC),
-    dt.date(2024, 1, 1), dt.time(1, 2), dt.timedelta(seconds=1), [1], {"a": 1},
+    None,
+    0,
+    1,
+    -1,
+    127,
+    128,
+    2**24 + 1,
+    2**53 + 1,
+    2**63 - 1,
+    2**64,
+    -(2**63),
+    0.5,
+    1.5,
+    3.0,
+    16777217.0,
+    1e300,
+    -1e300,
+    math.nan,
+    math.inf,
+    "x",
+    "",
+    "1",
+    b"b",
+    True,
+    D("0.5"),
+    D("1.25"),
+    D("1.234"),
+    D(2**60 + 1),
+    dt.datetime(2024, 1, 1),
+    dt.datetime(2024, 1, 1, 12, 30),
+    dt.datetime(2024, 1, 1, 0, 0, 0, 1500),
+    dt.datetime(2024, 1, 1, 9, tzinfo=dt.timezone(dt.timedelta(hours=9))),
+    dt.datetime(2024, 1, 1, tzinfo=UTC),
+    dt.date(2024, 1, 1),
+    dt.time(1, 2),
+    dt.timedelta(seconds=1),
+    [1],
+    {"a": 1},
 ]
 AS_OFS: list[Any] = [
-    -1, 2**63, 2**64, 1.5, "yesterday", "2024-01-01", dt.date(2024, 1, 1), dt.timedelta(days=1),
-    dt.datetime(1900, 1, 1), dt.datetime(1, 1, 1), dt.datetime(1970, 1, 1, tzinfo=UTC), True, [1],
+    -1,
+    2**63,
+    2**64,
+    1.5,
+    "yesterday",
+    "2024-01-01",
+    dt.date(2024, 1, 1),
+    dt.timedelta(days=1),
+    dt.datetime(1900, 1, 1),
+    dt.datetime(1, 1, 1),
+    dt.datetime(1970, 1, 1, tzinfo=UTC),
+    True,
+    [1],
 ]
 RETENTIONS: list[Any] = [
-    dt.timedelta(0), dt.timedelta(days=1), dt.timedelta(days=7), dt.timedelta(days=-1), 7, 1.5, "7d", None,
+    dt.timedelta(0),
+    dt.timedelta(days=1),
+    dt.timedelta(days=7),
+    dt.timedelta(days=-1),
+    7,
+    1.5,
+    "7d",
+    None,
     dt.timedelta(days=3650),
 ]
 if hasattr(txns.db.retention, "MAX_RETENTION"):  # retentions bounded when set (issue 26, item 9)
     RETENTIONS += [dt.timedelta(microseconds=-1), dt.timedelta.max, dt.timedelta(days=10**6)]
 URLS: list[Any] = [
-    "file://relative/path", "file:///tmp/x%00y", "file:///tmp/x\ny", f"file:///tmp/x#{SECRET}",
-    f"s3://bucket/p#aws_secret_access_key={SECRET}", f"s3://bucket/p?sig={SECRET}",
+    "file://relative/path",
+    "file:///tmp/x%00y",
+    "file:///tmp/x\ny",
+    f"file:///tmp/x#{SECRET}",
+    f"s3://bucket/p#aws_secret_access_key={SECRET}",
+    f"s3://bucket/p?sig={SECRET}",
     f"s3://bucket/p?endpoint_url=http://127.0.0.1:9/;aws_secret_access_key={SECRET}",
-    f"s3://bucket/p?endpoint_url=http://127.0.0.1:9/%23{SECRET}", f"s3://u:{SECRET}@bucket/p",
-    "s3://Bad_Bucket/p", "ftp://host/x", "no-scheme", "", None, 3, b"file:///tmp/x",
+    f"s3://bucket/p?endpoint_url=http://127.0.0.1:9/%23{SECRET}",
+    f"s3://u:{SECRET}@bucket/p",
+    "s3://Bad_Bucket/p",
+    "ftp://host/x",
+    "no-scheme",
+    "",
+    None,
+    3,
+    b"file:///tmp/x",
 ]
 
 
@@ -109,13 +180,13 @@ def stored(v: Any, code: str) -> Any:
     """What a value given for a column of type ``code`` is stored as, by the documented rules; Refuse if none."""
     if v is None:
         return None
-    if isinstance(v, bool) or isinstance(v, (list, dict, bytes, dt.time, dt.timedelta)):
+    if isinstance(v, (bool, list, dict, bytes, dt.time, dt.timedelta)):
         raise Refuse
     if code in "ib":
         lo, hi = (-(2**63), 2**63 - 1) if code == "i" else (-128, 127)
-        if isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer()):
-            if lo <= int(v) <= hi:
-                return int(v)
+        whole = isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
+        if whole and lo <= int(v) <= hi:
+            return int(v)
         raise Refuse
     if code in "fg":
         if isinstance(v, int):
@@ -170,9 +241,8 @@ def stored(v: Any, code: str) -> Any:
 
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
     """A hashable, NaN-safe form of a row (NaN never equals itself)."""
-    return tuple(
-        (k, "NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in sorted(row.items(), key=lambda kv: kv[0])
-    )
+    items = sorted(row.items(), key=lambda kv: kv[0])
+    return tuple((k, "NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in items)
 
 
 class ApiFuzz(RuleBasedStateMachine):
@@ -245,8 +315,7 @@ class ApiFuzz(RuleBasedStateMachine):
         schema: Any = {"a": "int"} if twist == "not_schema" else pa.schema(fields)
         ok, _ = self.call(self.db.create_table, name, schema, primary_key=pk)
         valid = (
-            name in GOOD_NAMES and name not in self.model and twist in ("none", "pk")
-            and not (pk and codes[0] in "fg")
+            name in GOOD_NAMES and name not in self.model and twist in ("none", "pk") and not (pk and codes[0] in "fg")
         )
         assert ok == valid, (name, codes, twist)
         if ok:
@@ -255,7 +324,9 @@ class ApiFuzz(RuleBasedStateMachine):
                 self.keyed.add(name)
             self.committed()
 
-    @rule(data=st.data(), n=st.integers(0, 3), twist=st.sampled_from(["none", "none", "none", "missing", "extra", "junk"]))
+    @rule(
+        data=st.data(), n=st.integers(0, 3), twist=st.sampled_from(["none", "none", "none", "missing", "extra", "junk"])
+    )
     def insert(self, data: st.DataObject, n: int, twist: str) -> None:
         name = data.draw(st.sampled_from(sorted(self.model) + BAD_NAMES[:3]))
         codes = self.model[name][0] if name in self.model else "i"
@@ -268,7 +339,7 @@ class ApiFuzz(RuleBasedStateMachine):
         elif twist == "junk":
             rows = data.draw(st.sampled_from([None, 5, "rows", [1, 2], {cols[0]: [1, 2], "zz": [1]}, b"x"]))
         ok, _ = self.call(self._insert, name, rows)
-        if name not in self.model or twist in ("missing", "extra") and rows:
+        if name not in self.model or (twist in ("missing", "extra") and rows):
             assert not ok, (name, rows)
             return
         expected: list[dict[str, Any]] | None
@@ -384,8 +455,18 @@ class ApiFuzz(RuleBasedStateMachine):
         else:
             raise AssertionError(f"connected to {url!r}")
 
-    @rule(argv=st.sampled_from([["tables"], ["history", "--limit", "2"], ["show", "{name}"], ["gc", "--older-than", "nan"],
-                                ["show", "{name}", "--as-of", "yesterday"], ["init", "--retention-days", "inf"]]))
+    @rule(
+        argv=st.sampled_from(
+            [
+                ["tables"],
+                ["history", "--limit", "2"],
+                ["show", "{name}"],
+                ["gc", "--older-than", "nan"],
+                ["show", "{name}", "--as-of", "yesterday"],
+                ["init", "--retention-days", "inf"],
+            ]
+        )
+    )
     def cli(self, argv: list[str]) -> None:
         name = sorted(self.model)[0] if self.model else "nope"
         args = [argv[0], self.url, *(a.format(name=name) for a in argv[1:]), "--json"]
@@ -394,7 +475,9 @@ class ApiFuzz(RuleBasedStateMachine):
         doc = json.loads(out.getvalue())  # one JSON document, success or not
         assert code in (0, 2), (args, err.getvalue())
         if argv[0] == "tables":
-            assert code == 0 and {t["name"] for t in doc["tables"] if not t["name"].startswith("txns_")} == set(self.model)
+            assert code == 0 and {t["name"] for t in doc["tables"] if not t["name"].startswith("txns_")} == set(
+                self.model
+            )
             assert {t["name"]: t["rows"] for t in doc["tables"] if t["name"] in self.model} == {
                 n: sum(rows.values()) for n, (_, rows) in self.model.items()
             }

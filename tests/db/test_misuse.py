@@ -103,7 +103,9 @@ def _table(db: txns.Database, t: pa.DataType) -> str:
 
 
 @pytest.mark.parametrize(("typ", "given", "stored"), CONVERTS, ids=_ids(CONVERTS))
-def test_lossless_conversions_are_stored_exactly(mem_db: txns.Database, typ: pa.DataType, given: Any, stored: Any) -> None:
+def test_lossless_conversions_are_stored_exactly(
+    mem_db: txns.Database, typ: pa.DataType, given: Any, stored: Any
+) -> None:
     name = _table(mem_db, typ)
     with mem_db.transaction() as t:
         t.truncate(name)
@@ -116,9 +118,8 @@ def test_lossless_conversions_are_stored_exactly(mem_db: txns.Database, typ: pa.
 def test_lossy_conversions_are_refused(mem_db: txns.Database, typ: pa.DataType, given: Any) -> None:
     name = _table(mem_db, typ)
     before, rows = mem_db.latest(), mem_db.table(name).count()
-    with pytest.raises(SchemaMismatch) as e:
-        with mem_db.transaction() as t:
-            t.insert(name, [{"x": given}])
+    with pytest.raises(SchemaMismatch) as e, mem_db.transaction() as t:
+        t.insert(name, [{"x": given}])
     assert repr(name) in str(e.value) and "'x'" in str(e.value)
     assert len(str(e.value)) < 600  # (no 300-digit float repr)
     assert mem_db.latest() == before and mem_db.table(name).count() == rows
@@ -131,7 +132,9 @@ def test_lossy_conversions_are_refused_from_arrow_and_pandas(mem_db: txns.Databa
     with pytest.raises(SchemaMismatch, match="stored as inf"):
         mem_db.transaction().insert(f32, pa.table({"x": pa.array([1.0, 1e39])}))
     with pytest.raises(SchemaMismatch, match="does not convert without loss"):
-        mem_db.transaction().insert(_table(mem_db, pa.date32()), pd.DataFrame({"x": [pd.Timestamp("2024-01-01 08:00")]}))
+        mem_db.transaction().insert(
+            _table(mem_db, pa.date32()), pd.DataFrame({"x": [pd.Timestamp("2024-01-01 08:00")]})
+        )
     with pytest.raises(SchemaMismatch):
         mem_db.transaction().insert(_table(mem_db, pa.float64()), pa.table({"x": pa.array([2**62 + 1], pa.int64())}))
 
@@ -140,9 +143,8 @@ def test_update_refuses_a_lossy_value(mem_db: txns.Database) -> None:
     mem_db.create_table("kv32", pa.schema([("k", pa.string()), ("v", pa.float32())]), primary_key=["k"])
     with mem_db.transaction() as t:
         t.insert("kv32", [{"k": "a", "v": 1.0}])
-    with pytest.raises(SchemaMismatch, match="stored as inf"):
-        with mem_db.transaction() as t:
-            t.update("kv32", "a", {"v": 1e300})
+    with pytest.raises(SchemaMismatch, match="stored as inf"), mem_db.transaction() as t:
+        t.update("kv32", "a", {"v": 1e300})
     assert mem_db.table("kv32").to_arrow().to_pylist() == [{"k": "a", "v": 1.0}]
 
 
@@ -171,9 +173,8 @@ def test_system_tables_are_reserved(mem_db: txns.Database) -> None:
         lambda t: t.rename_table("kv_sys", "txns_kv"),
     ]
     for attempt in attempts:
-        with pytest.raises(txns.InvalidTableName, match="reserved for the library"):
-            with mem_db.transaction() as t:
-                attempt(t)
+        with pytest.raises(txns.InvalidTableName, match="reserved for the library"), mem_db.transaction() as t:
+            attempt(t)
     with pytest.raises(txns.InvalidTableName, match="reserved"):
         mem_db.create_table("txns_sinks", schema)
     with pytest.raises(txns.InvalidTableName, match="reserved"):

@@ -107,7 +107,14 @@ def test_a_location_repr_is_redacted() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["file:///tmp/x%00y", "file:///tmp/x\x00y", "file:///tmp/x\ny", "file:///tmp/x%0Ay", "s3://bucket\n/p", "mem://a\tb"],
+    [
+        "file:///tmp/x%00y",
+        "file:///tmp/x\x00y",
+        "file:///tmp/x\ny",
+        "file:///tmp/x%0Ay",
+        "s3://bucket\n/p",
+        "mem://a\tb",
+    ],
 )
 def test_control_characters_are_refused_clearly(url: str) -> None:
     for call in (open_location, validate_url, txns.connect):
