@@ -1,10 +1,11 @@
 """URLs fit for messages: only the parts on the allow-list, every other value ``REDACTED``.
 
 :mod:`persist.url` refuses every URL part that is not on its allow-list
-(see its module doc) and prints URLs through :func:`redact`; backends print
-an endpoint through :func:`redact_endpoint`. Both work from the allow-list,
-not from a list of secret-looking names: whatever is not known to be
-harmless is not printed.
+(see its module doc) and prints URLs through :func:`redact` (an
+``endpoint_url`` value through :func:`redact_endpoint`). Both work from the
+allow-list, not from a list of secret-looking names: whatever is not known
+to be harmless is not printed. ``persist.s3.open_s3`` prints its endpoint
+through :func:`redact_endpoint` too (it may be called without a URL).
 """
 
 from __future__ import annotations
