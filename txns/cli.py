@@ -28,10 +28,14 @@ tables, history, compaction), which use only the protocol's idempotent
 operations (their docstrings say how).
 
 Commands that need a txns shard never create one: an unknown id is an error.
-Errors a user can fix (bad URL, unknown shard, missing bucket) print one
-line to stderr and exit with status 2; storage failures print one line and
-exit with status 1 (every command is safe to run again). Set
-``TXNS_DEBUG=1`` for tracebacks.
+Errors a user can fix (bad URL, unknown shard, missing bucket, a bad number
+such as ``--older-than nan``) print one line to stderr and exit with status
+2; storage failures print one line and exit with status 1 (every command is
+safe to run again). With ``--json`` an error is also one JSON document on
+stdout (``{"command", "error": {"type", "message", "exit_status"}}``), so
+stdout always holds exactly one document. In-process locations (``mem://``)
+are refused: whatever a command made or read there would vanish with it.
+Set ``TXNS_DEBUG=1`` for tracebacks.
 """
 
 from __future__ import annotations
