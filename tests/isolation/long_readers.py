@@ -66,6 +66,11 @@ class LongConfig:
     kill_at: tuple[float, ...] = (0.5,)
     reader_idle_s: float = 0.4
     maintain_every_s: float = 1.5
+    min_ok: int = 0
+    """Run past ``seconds`` (up to ``max_seconds``) until the writers have this many acknowledged commits,
+    so a slow (loaded) machine still gives a history that means something."""
+    max_seconds: float | None = None
+    """None: ``3 * seconds``."""
 
 
 @dataclass
@@ -101,6 +106,14 @@ def _kill(p: subprocess.Popen[bytes]) -> None:
             p.send_signal(signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         p.wait(KILL_WAIT_S)
+
+
+def _acknowledged(outs: list[Path]) -> int:
+    n = 0
+    for p in outs:
+        with contextlib.suppress(OSError):
+            n += p.read_bytes().count(b'"status":"ok"')
+    return n
 
 
 def _ready(out: Path) -> bool:
@@ -154,7 +167,7 @@ def run_long_readers(
         argv = [
             sys.executable, "-m", "tests.isolation.long_worker", role, "--url", url, "--out", str(out),
             "--seed", str(cfg.seed), "--process", name, "--stop-file", str(stop),
-            "--seconds", str(cfg.seconds + READY_S + FINISH_S), "--born-ms", str(born_ms),
+            "--seconds", str(3 * cfg.seconds + (cfg.max_seconds or 0) + READY_S + FINISH_S), "--born-ms", str(born_ms),
             "--idle-s", str(idle),
         ]  # fmt: skip
         if plant:
@@ -172,7 +185,8 @@ def run_long_readers(
             start("writer", f"w{w}")
         for r in range(cfg.idle_readers):
             start("reader", f"idle{r}")
-        readers = {f"r{r}": start("reader", f"r{r}", idle=cfg.reader_idle_s) for r in range(cfg.readers - cfg.idle_readers)}
+        chatty = range(cfg.readers - cfg.idle_readers)
+        readers = {f"r{r}": start("reader", f"r{r}", idle=cfg.reader_idle_s) for r in chatty}
         for k, plant in enumerate(cfg.planted):
             start("reader", f"planted-{plant}{k}", plant, idle=cfg.reader_idle_s)
         start("maintainer", "m", idle=cfg.maintain_every_s)
@@ -182,7 +196,10 @@ def run_long_readers(
         res.durations["start"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         kills = sorted(t + f * cfg.seconds for f in cfg.kill_at)
-        while time.monotonic() < t + cfg.seconds:
+        cap = t + (cfg.max_seconds if cfg.max_seconds is not None else 3 * cfg.seconds)
+        while time.monotonic() < cap:
+            if time.monotonic() >= t + cfg.seconds and _acknowledged(outs["writer"]) >= cfg.min_ok:
+                break
             if kills and time.monotonic() >= kills[0] and readers:
                 kills.pop(0)
                 slot = rng.choice(sorted(readers))

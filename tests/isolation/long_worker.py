@@ -250,7 +250,7 @@ def _write_one(p: _Proc, db: txns.Database, n: int, live: list[tuple[str, int]])
 
 def run_reader(p: _Proc, db: txns.Database) -> None:
     lease = tight_config().reader_lease_s
-    first: tuple[list[tuple[str, int]], int] | None = None  # a planted reader's stale cache: rows, when read
+    first: list[tuple[str, int]] | None = None  # a planted reader's stale cache
     n = 0
     cache_reader = _cache_reader_id(db)
     while not p.stopped():
@@ -285,12 +285,13 @@ def run_reader(p: _Proc, db: txns.Database) -> None:
         end = time.monotonic()
         if as_of is None and p.args.plant:
             if first is None:
-                if rows:
-                    first = (rows, n)
+                # (the mixed one waits for a never-deleted row to drop; the stale one for any row)
+                if any(r[0].startswith("p") for r in rows) or (rows and p.args.plant == "stale"):
+                    first = rows
             elif p.args.plant == "stale":
-                rows = first[0]
+                rows = first
             else:
-                keep = {r for r in first[0] if r[0].startswith("p")}
+                keep = {r for r in first if r[0].startswith("p")}
                 gone = next((r for r in rows if r in keep), None)
                 rows = [r for r in rows if r != gone]
         now_reader = _cache_reader_id(db)
@@ -416,7 +417,9 @@ def load_reads(paths: Sequence[Path]) -> list[TableRead]:
     for r in records(paths):
         if r.get("t") == "read":
             rows = tuple((i, v) for i, v in r["rows"]) if r.get("rows") is not None else None
-            out.append(TableRead(r["id"], r["process"], r["as_of"], r["start"], r["end"], r["count"], r["digest"], rows))
+            out.append(
+                TableRead(r["id"], r["process"], r["as_of"], r["start"], r["end"], r["count"], r["digest"], rows)
+            )
     return out
 
 
