@@ -27,6 +27,7 @@ not caught. Each run's records stay in its work directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -90,11 +91,15 @@ def main() -> int:
     seeds = [1] if args.quick else parse_seeds(args.seeds)
     seconds = 30.0 if args.quick else args.seconds
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="long-readers-"))
+    work.mkdir(parents=True, exist_ok=True)
     rows, failed = [], False
-    with fake_aws_env(), moto_subprocess(sys.executable, work / "moto.log") as endpoint:
+    backends = args.backends.split(",")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_aws_env())
+        endpoint = stack.enter_context(moto_subprocess(sys.executable, work / "moto.log")) if "s3" in backends else None
         print(HEADER)
         print(RULE, flush=True)
-        for backend in args.backends.split(","):
+        for backend in backends:
             for seed in seeds:
                 cfg = LongConfig(
                     seconds=seconds, seed=seed, writers=args.writers, readers=args.readers,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -41,14 +40,15 @@ from typing import Any
 
 import txns
 from tests.chaos.driver import REPO, child_env
+from tests.chaos.driver import _kill as kill
 from tests.isolation import long_worker
+from tests.isolation.proc_worker import acknowledged, commits_by
 from tests.isolation.read_checker import ReadResult, check_reads
 
 TICK_S = 0.1
 READY_S = 180.0
 """How long processes get to start and connect (a loaded 2-core box imports slowly) before the run starts."""
 FINISH_S = 30.0
-KILL_WAIT_S = 10.0
 
 
 @dataclass
@@ -98,22 +98,6 @@ class LongResult:
             lines.append("  " + self.check.summary().replace("\n", "\n  "))
         lines.extend(f"  PROBLEM {p[:1500]}" for p in self.problems[:10])
         return "\n".join(lines)
-
-
-def _kill(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            p.send_signal(signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        p.wait(KILL_WAIT_S)
-
-
-def _acknowledged(outs: list[Path]) -> int:
-    n = 0
-    for p in outs:
-        with contextlib.suppress(OSError):
-            n += p.read_bytes().count(b'"status":"ok"')
-    return n
 
 
 def _ready(out: Path) -> bool:
@@ -198,12 +182,12 @@ def run_long_readers(
         kills = sorted(t + f * cfg.seconds for f in cfg.kill_at)
         cap = t + (cfg.max_seconds if cfg.max_seconds is not None else 3 * cfg.seconds)
         while time.monotonic() < cap:
-            if time.monotonic() >= t + cfg.seconds and _acknowledged(outs["writer"]) >= cfg.min_ok:
+            if time.monotonic() >= t + cfg.seconds and acknowledged(outs["writer"]) >= cfg.min_ok:
                 break
             if kills and time.monotonic() >= kills[0] and readers:
                 kills.pop(0)
                 slot = rng.choice(sorted(readers))
-                _kill(readers[slot])
+                kill(readers[slot])
                 res.kills += 1
                 readers[slot] = start("reader", slot, idle=cfg.reader_idle_s)
             time.sleep(TICK_S)
@@ -215,12 +199,12 @@ def run_long_readers(
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _kill(p)
+                kill(p)
                 res.problems.append(f"a process did not stop within {FINISH_S}s: {p.args}")
         res.durations["finish"] = round(time.monotonic() - t, 1)
     finally:
         for p in procs:
-            _kill(p)
+            kill(p)
         for f in logs:
             with contextlib.suppress(OSError):
                 f.close()
@@ -236,7 +220,7 @@ def run_long_readers(
             res.problems.extend(r["unexpected"])
     db = txns.connect(url, create=False, config=long_worker.tight_config())
     try:
-        history = long_worker.op_times(db.history())
+        history = commits_by(db.history(), "op")
     finally:
         db.close()
     commits, problems = long_worker.load_commits(outs["writer"], history)

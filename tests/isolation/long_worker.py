@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import random
 import sys
@@ -420,16 +419,6 @@ def load_reads(paths: Sequence[Path]) -> list[TableRead]:
             out.append(
                 TableRead(r["id"], r["process"], r["as_of"], r["start"], r["end"], r["count"], r["digest"], rows)
             )
-    return out
-
-
-def op_times(history: pa.Table) -> dict[str, list[int]]:
-    """Op id -> the commit times whose metadata names it, from ``db.history()``."""
-    out: dict[str, list[int]] = {}
-    for ts, meta in zip(history.column("ts").to_pylist(), history.column("metadata").to_pylist(), strict=True):
-        op = json.loads(meta or "{}").get("op")
-        if op is not None:
-            out.setdefault(op, []).append(ts)
     return out
 
 
