@@ -69,6 +69,8 @@ class LongConfig:
     min_ok: int = 0
     """Run past ``seconds`` (up to ``max_seconds``) until the writers have this many acknowledged commits,
     so a slow (loaded) machine still gives a history that means something."""
+    min_reads: int = 0
+    """... and until the readers have made this many latest reads and half as many ``as_of`` ones."""
     max_seconds: float | None = None
     """None: ``3 * seconds``."""
 
@@ -98,6 +100,18 @@ class LongResult:
             lines.append("  " + self.check.summary().replace("\n", "\n  "))
         lines.extend(f"  PROBLEM {p[:1500]}" for p in self.problems[:10])
         return "\n".join(lines)
+
+
+def _enough(cfg: LongConfig, outs: dict[str, list[Path]]) -> bool:
+    if acknowledged(outs["writer"]) < cfg.min_ok:
+        return False
+    reads = latest = 0
+    for p in outs["reader"]:
+        with contextlib.suppress(OSError):
+            data = p.read_bytes()
+            reads += data.count(b'"t":"read"')
+            latest += data.count(b'"as_of":null')
+    return latest >= cfg.min_reads and reads - latest >= cfg.min_reads // 2
 
 
 def _ready(out: Path) -> bool:
@@ -182,7 +196,7 @@ def run_long_readers(
         kills = sorted(t + f * cfg.seconds for f in cfg.kill_at)
         cap = t + (cfg.max_seconds if cfg.max_seconds is not None else 3 * cfg.seconds)
         while time.monotonic() < cap:
-            if time.monotonic() >= t + cfg.seconds and acknowledged(outs["writer"]) >= cfg.min_ok:
+            if time.monotonic() >= t + cfg.seconds and _enough(cfg, outs):
                 break
             if kills and time.monotonic() >= kills[0] and readers:
                 kills.pop(0)

@@ -23,7 +23,9 @@ Roles (table :data:`TABLE`: ``id`` string primary key, ``v`` int64):
   ``complete`` (after: ``ok`` with the commit time, ``fail`` or ``info``).
 - ``reader``: the long-lived handle. Sleeps (up to ``--idle-s``, one time in
   twenty, and always with ``--idle-s 0``, 1.1-2 times its txns cache's reader
-  lease, so the lease lapses while it is idle), then reads the table latest (``to_arrow()``) or ``as_of`` a time
+  lease, so the lease lapses while it is idle; then, half of the time with
+  ``--idle-s 0``, waits for the writers' next pause, as issue #25's parent
+  did), then reads the table latest (``to_arrow()``) or ``as_of`` a time
   up to 3 s back (or a commit time from ``db.history``), recording the
   interval, the count and digest (:func:`tests.isolation.read_checker.digest`)
   and the rows. Counts how often its txns cache restarted (lease lapses).
@@ -255,6 +257,10 @@ def run_reader(p: _Proc, db: txns.Database) -> None:
     while not p.stopped():
         long_idle = p.args.idle_s <= 0 or p.rng.random() < 0.05
         p.sleep(p.rng.uniform(1.1 * lease, 2.0 * lease) if long_idle else p.rng.uniform(0, p.args.idle_s))
+        if p.args.idle_s <= 0 and p.rng.random() < 0.5:
+            # as in issue #25: read once the writers' phase has ended and the since has caught up
+            while not (_paused() and time.monotonic() % (WRITE_S + PAUSE_S) >= WRITE_S + 1.0) and not p.stopped():
+                p.sleep(0.05)
         if p.stopped():
             break
         n += 1

@@ -123,7 +123,7 @@ def assert_exercised(res: LongResult, min_commits: int) -> None:
 @pytest.mark.timeout(600)
 def test_long_lived_readers_on_a_directory_and_the_planted_ones_are_caught(tmp_path: Path) -> None:
     """No honest reader reads a wrong state; the stale and the mixed planted readers are each caught."""
-    cfg = LongConfig(seconds=20.0, planted=("stale", "mixed"), min_ok=30)
+    cfg = LongConfig(seconds=20.0, planted=("stale", "mixed"), min_ok=30, min_reads=6, max_seconds=90.0)
     res = run_long_readers("file", cfg, tmp_path / "run")
     assert_exercised(res, 30)
     assert res.check is not None
@@ -141,7 +141,9 @@ def test_long_lived_readers_on_s3(moto_upstream: str, tmp_path: Path) -> None:
     """Every read of every long-lived reader is the table at one time inside its window (or at its as_of)."""
     with fake_aws_env():
         # (moto serves every process through one lock: readers pause longer than on a directory)
-        cfg = LongConfig(seconds=20.0, reader_idle_s=1.0, maintain_every_s=2.0, min_ok=12, max_seconds=90.0)
+        cfg = LongConfig(
+            seconds=20.0, reader_idle_s=1.0, maintain_every_s=2.0, min_ok=12, min_reads=6, max_seconds=120.0
+        )
         res = run_long_readers("s3", cfg, tmp_path / "run", endpoint=moto_upstream)
     assert_exercised(res, 12)
     assert res.check is not None and res.check.valid, res.summary()
