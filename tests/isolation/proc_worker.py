@@ -54,6 +54,7 @@ planned appends. :func:`load_transfers` does the same for transfers, and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -408,15 +409,29 @@ def lookup_transfer(
 
 def transfer_commits(history: pa.Table) -> dict[str, list[int]]:
     """Transfer id -> the commit times whose metadata carries it, from a ``db.history()`` table."""
+    return commits_by(history, "transfer")
+
+
+def commits_by(history: pa.Table, field: str) -> dict[str, list[int]]:
+    """The value of metadata ``field`` -> the commit times whose metadata carries it, from ``db.history()``."""
     out: dict[str, list[int]] = {}
     for ts, meta in zip(history.column("ts").to_pylist(), history.column("metadata").to_pylist(), strict=True):
-        tid = json.loads(meta or "{}").get("transfer")
-        if tid is not None:
-            out.setdefault(tid, []).append(ts)
+        value = json.loads(meta or "{}").get(field)
+        if value is not None:
+            out.setdefault(value, []).append(ts)
     return out
 
 
 # ---- loading ---------------------------------------------------------------------------------
+
+
+def acknowledged(outs: Iterable[Path]) -> int:
+    """How many transactions the worker files record as acknowledged (``ok``) so far."""
+    n = 0
+    for p in outs:
+        with contextlib.suppress(OSError):
+            n += p.read_bytes().count(b'"status":"ok"')
+    return n
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

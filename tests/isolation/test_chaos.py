@@ -342,15 +342,6 @@ def _invoked(out: Path) -> int:
         return 0
 
 
-def _acknowledged(outs: list[Path]) -> int:
-    """How many transactions the worker files record as acknowledged (``ok``) so far."""
-    n = 0
-    for p in outs:
-        with contextlib.suppress(OSError):
-            n += p.read_bytes().count(b'"status":"ok"')
-    return n
-
-
 def run_isolation_chaos(endpoint: str, cfg: RunConfig, work: Path, log: Callable[[str], None] = print) -> RunResult:
     """One run against the moto server at ``endpoint`` (see the module doc); never raises for findings."""
     import boto3
@@ -403,7 +394,7 @@ def run_isolation_chaos(endpoint: str, cfg: RunConfig, work: Path, log: Callable
                     break
                 if now >= end and now - last_count >= 0.5:
                     last_count = now
-                    if _acknowledged([p for s in slots for p in s.outs]) >= cfg.min_ok:
+                    if proc_worker.acknowledged([p for s in slots for p in s.outs]) >= cfg.min_ok:
                         break
                 if next_aim is not None and now >= next_aim and cfg.aim_every_s is not None:
                     proxy = rng.choice(proxies)
