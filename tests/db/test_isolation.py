@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections import Counter
 
 import pyarrow as pa
 import pytest
@@ -25,7 +26,16 @@ def _bank(db: txns.Database, balances: dict[str, int]) -> None:
 
 
 def _balances(db: txns.Database, as_of: int | None = None) -> dict[str, int]:
-    return {r["account"]: r["balance"] for r in db.table("accounts").to_arrow(as_of=as_of).to_pylist()}
+    """The balances by account; AssertionError if an account has more than one row (a dict would hide it)."""
+    rows = _rows(db, as_of)
+    counts = Counter(a for a, _ in rows)
+    assert all(n == 1 for n in counts.values()), f"an account with several rows at {as_of}: {sorted(rows)}"
+    return dict(rows)
+
+
+def _rows(db: txns.Database, as_of: int | None = None) -> list[tuple[str, int]]:
+    """Every row of ``accounts`` as ``(account, balance)``: a multiset, duplicates kept."""
+    return [(r["account"], r["balance"]) for r in db.table("accounts").to_arrow(as_of=as_of).to_pylist()]
 
 
 # ---- read-then-write basics ---------------------------------------------------------------------
@@ -197,6 +207,7 @@ def test_bank_transfers_never_overdraw_nor_lose_money(db_url: str) -> None:
     db = txns.connect(db_url)
     accounts = [f"a{i}" for i in range(5)]
     _bank(db, dict.fromkeys(accounts, 50))
+    funded_ts = db.latest()
     aborted: list[int] = []
 
     def worker(seed: int) -> None:
@@ -225,12 +236,16 @@ def test_bank_transfers_never_overdraw_nor_lose_money(db_url: str) -> None:
     for th in threads:
         th.join()
     db._settle()
-    for ts in sorted(set(db.history().column("ts").to_pylist())):
-        bal = _balances(db, ts)
-        if len(bal) == len(accounts):
-            assert sum(bal.values()) == 250, f"money created or lost at {ts}: {bal}"
-            assert min(bal.values()) >= 0, f"overdraft at {ts}: {bal}"
-    assert len(db.table("accounts").to_arrow()) == len(accounts)  # one row per key, always
+    checked = 0
+    for ts in sorted(t for t in set(db.history().column("ts").to_pylist()) if t >= funded_ts):
+        # every timestamp from the funding on: exactly one row per account (a multiset, not a dict)
+        rows = _rows(db, ts)
+        assert Counter(a for a, _ in rows) == Counter(accounts), f"not one row per account at {ts}: {sorted(rows)}"
+        assert sum(b for _, b in rows) == 250, f"money created or lost at {ts}: {sorted(rows)}"
+        assert min(b for _, b in rows) >= 0, f"overdraft at {ts}: {sorted(rows)}"
+        checked += 1
+    assert checked == 1 + 4 * 12 - len(aborted)  # the funding and every committed transfer
+    assert Counter(a for a, _ in _rows(db)) == Counter(accounts)  # and at the latest time
     db.close()
 
 
