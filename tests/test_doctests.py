@@ -7,13 +7,13 @@ import importlib
 
 import pytest
 
+# Every module here has runnable examples (asserted): a module without any has nothing to test here.
 MODULES = [
     "persist",
     "persist.schema",
     "persist.client",
     "persist.read",
     "persist.write",
-    "persist.batch",
     "persist.url",
     "persist.manifest",
     "persist.shard",
@@ -24,7 +24,6 @@ MODULES = [
     "txns.group_commit",
     "txns.db",
     "txns.db.database",
-    "txns.db.intents",
     "txns.resolve",
     "txns.resolve.rule",
     "txns.resolve.batch",
@@ -41,23 +40,4 @@ def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0, f"{result.failed} doctest example(s) failed in {name}"
-    if name in (
-        "persist",
-        "persist.url",
-        "txns",
-        "txns.handle",
-        "txns.subscribe",
-        "txns.group_commit",
-        "persist.client",
-        "persist.read",
-        "txns.db",
-        "txns.db.database",
-        "persist.manifest",
-        "persist.shard",
-        "txns.resolve.batch",
-        "txns.resolve.incremental",
-        "txns.resolve.incremental_additive",
-        "txns.resolve.additive",
-        "txns.resolve.order",
-    ):
-        assert result.attempted > 0, f"{name} lost its usage example"
+    assert result.attempted > 0, f"{name} lost its usage example (every module listed has examples)"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from persist import Determinate, Indeterminate, PersistClient, PersistConfig
+from persist import Determinate, Indeterminate, PersistClient, PersistConfig, ShardState
 from persist.location import CaSResult, Consensus, VersionedData
 from persist.mem import MemBlob, MemConsensus
 from persist.unreliable import Fault, Faults, Op, UnreliableBlob, UnreliableConsensus
@@ -338,7 +338,27 @@ def test_the_cli_exits_1_on_storage_failures(flaky_endpoint: type[_Flaky], monke
 
 
 def test_the_default_lease_bounds_a_dead_holder_to_two_minutes() -> None:
-    assert PersistConfig().reader_lease_s <= 120
+    """With the default config (only the clock injected), a killed holder holds the since for 2 minutes at most."""
+    now = [1_000_000]
+    store, h, d0, _ = _setup(PersistConfig(clock_ms=lambda: now[0]))
+    t = h.begin()
+    t.write(d0, (1,), ("v",), 1)
+    t.commit_at(h, h.upper).apply(h)
+    dead = TxnsHandle.open(store.client(), h.txns_id)  # killed: never closed, never heartbeats again
+    dead_reader = dead.cache.reader
+    assert dead_reader is not None
+
+    def maintain_and_read() -> ShardState:
+        h.tidy_at(h.upper, h.apply_le(h.upper - 1))  # a write: maintenance drops lapsed leases
+        h.compact_to(h.upper - 1)
+        return store.client().shard(h.txns_id).fetch()
+
+    now[0] += 119_000
+    assert dead_reader.reader_id in maintain_and_read().leased, "held for just under two minutes"
+    now[0] += 1_001
+    state = maintain_and_read()
+    assert dead_reader.reader_id not in state.leased, "lapsed after two minutes"
+    assert state.since == h.upper - 1, "nothing holds the since back any more"
 
 
 def test_a_handle_without_a_hold_holds_nothing_and_still_works() -> None:

@@ -95,6 +95,7 @@ class TxnsMachine(RuleBasedStateMachine):
         self.txns_id = new_id()
         self.ds = [new_id() for _ in range(N_SHARDS)]
         self.model = TxnsModel()
+        self.critical_since = 0  # the txns shard's critical since, as compact_to last returned it
         self.handles: list[HandleState] = []
         self.subs: list[SubState] = []
         # shards with a schema: register records it first, even if it then fails
@@ -320,7 +321,11 @@ class TxnsMachine(RuleBasedStateMachine):
             event(f"compact: since {'<' if got < since else '>='} asked")
             # never past an unapplied write
             self.check_applied_below(got, inclusive=False)
-            assert got <= max(since, got)  # monotone: an older, higher since stays
+            # monotone (every handle shares the one critical hold), and never past what was asked
+            # unless it was already there
+            assert got >= self.critical_since, f"critical since went back from {self.critical_since} to {got}"
+            assert got <= max(since, self.critical_since), f"since {got} past the asked {since}"
+            self.critical_since = got
 
     @precondition(lambda self: len(self.dead_readers) > 0)
     @rule()
