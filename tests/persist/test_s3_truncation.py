@@ -45,8 +45,6 @@ pytestmark = pytest.mark.s3
 SCHEMA = Schema(key=pa.schema([("k", pa.string())]), val=pa.schema([]))
 RETENTION_S = 60.0
 """Long in real time (A's fresh expectation stays fresh through the test), short in the injected clock."""
-MARK_MS = int(RETENTION_S * 1000 / 4)
-"""A version is a truncation mark when the last mark is this old (``maintain``'s spacing)."""
 T0 = 1_000_000_000
 
 
@@ -117,8 +115,17 @@ def _race(url: str, *, truncator_skew_ms: int, stale_wait_s: float, retention_s:
         fresh = PersistClient.open(url, _config(Clock(now), retention_s))
         try:
             fstate = fresh.shard(sid).fetch()
-            rows = sorted(k[0] for (k, _v), _ts, d in fresh.shard(sid).fetch_plan(
-                fresh.shard(sid).plan(SCHEMA, max(0, fstate.upper - 1))) if d > 0) if fstate.upper > 0 else []
+            rows = (
+                sorted(
+                    k[0]
+                    for (k, _v), _ts, d in fresh.shard(sid).fetch_plan(
+                        fresh.shard(sid).plan(SCHEMA, max(0, fstate.upper - 1))
+                    )
+                    if d > 0
+                )
+                if fstate.upper > 0
+                else []
+            )
             after = {v.seqno for v in fresh.consensus.scan(str(sid), 0, 1000)}
         finally:
             fresh.location.close()
@@ -131,8 +138,9 @@ def _race(url: str, *, truncator_skew_ms: int, stale_wait_s: float, retention_s:
 def test_a_stale_expectation_is_reread_before_writing_across_a_truncation(s3_url_factory) -> None:
     """A's expectation is older than half the retention; a truncator without skew deleted N + 1; A's write lands."""
     retention_s = 1.0  # half of it (0.5 s) is waited for real; the injected clocks move the marks
-    r = _race(s3_url_factory(), truncator_skew_ms=int(10 * retention_s * 1000), stale_wait_s=0.6,
-              retention_s=retention_s)
+    r = _race(
+        s3_url_factory(), truncator_skew_ms=int(10 * retention_s * 1000), stale_wait_s=0.6, retention_s=retention_s
+    )
     # (the skew here stands for time passing: every mark is old to the truncator; only the guard protects A)
     assert r.first_kept > r.n + 1, f"the truncation did not reach N + 1 = {r.n + 1}: kept from {r.first_kept}"
     assert not r.recreated, f"version {r.n + 1} was re-created below the head {r.head_before_a}"
