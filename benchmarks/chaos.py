@@ -11,8 +11,10 @@ Cases:
 
 - ``s3``: moto + fault proxy, workers with ``retry_deadline_s`` 3 s, CLI runs.
 - ``s3-tight``: the same with ``part_grace_s`` 1 s, ``consensus_retention_s``
-  4 s and ``reader_lease_s`` 15 s (part deletion, version truncation and
-  lapsed leases under faults); no CLI runs (see tests/chaos/driver.py).
+  4 s and ``reader_lease_s`` 6 s (part deletion, version truncation and
+  lapsed leases under faults), two long-lived readers checked against the
+  history and the maintainer (compaction and GC in a loop) instead of CLI
+  runs (see tests/chaos/driver.py).
 - ``file``: a local directory, kills only.
 
 Usage::
@@ -48,7 +50,8 @@ CASES: dict[str, dict[str, str]] = {
 }
 HEADER = (
     "| case | seed | run s | total s | acked | ledger rows | ts checked | kills | crash points | "
-    "cli runs | faults | commit exc (ind/det/ts) | violations |"
+    "cli runs | faults | commit exc (ind/det/ts) | parts deleted | versions truncated | leases lapsed | "
+    "reads checked | violations |"
 )
 RULE = "|" + "---|" * (HEADER.count("|") - 1)
 
@@ -78,7 +81,8 @@ def row(case: str, r: ChaosResult) -> str:
         f"| {case} | {r.seed} | {r.durations.get('run', 0):.0f} | {r.durations.get('total', 0):.0f} | {r.acked} | "
         f"{r.ledger_rows} | {r.timestamps_checked} | {r.worker_kills} | {sum(r.worker_crashes.values())} | "
         f"{sum(v for k, v in r.cli_runs.items() if not k.startswith('final'))} | {faults} | {ind}/{det}/{tsu} "
-        f"| {viol} |"
+        f"| {r.persist.get('parts_deleted', 0)} | {r.persist.get('versions_truncated', 0)} | "
+        f"{r.persist.get('reader_leases_lapsed', 0)} | {r.verifier.get('reads_checked', 0)} | {viol} |"
     )
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+from persist import metrics
 from persist._internal.holds import PartHold, hold
 from persist._internal.ids import random_hex
 from persist._internal.machine import Machine
@@ -254,6 +255,7 @@ class PersistClient:
             if key not in live and written is not None and written <= horizon:
                 note_write()
                 self.blob.delete(key)
+                metrics.count(metrics.LEAKED_PARTS_DELETED)
                 deleted += 1
         return deleted
 

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
+from persist import metrics
 from persist._internal.holds import gc_horizon
 from persist._internal.ids import random_hex
 from persist._internal.machine import Machine
@@ -346,6 +347,7 @@ class WriteHandle:
         note_write()
         for k in due:
             self.blob.delete(k)
+            metrics.count(metrics.PARTS_DELETED)
         gone = set(due)
 
         def transition(s: ShardState) -> tuple[None, bool]:

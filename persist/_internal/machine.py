@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from persist import metrics
 from persist._internal.retry import backoff
 from persist._internal.state import ShardState
 from persist._internal.state_diff import encode_version, read_version
@@ -225,7 +226,9 @@ class Machine:
                 if not changed:
                     return result  # (after a landed CAS: the transition saw its own token)
                 seqno = 1 if state.seqno is None else state.seqno + 1
+                leased, writers = len(new.leased), len(new.writers)
                 new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
+                lapsed = (leased - len(new.leased), writers - len(new.writers))  # (maintain only drops lapsed ones)
                 new.check(state if state.seqno is not None else None)
                 data, chain = encode_version(state, new, seqno, self.config.state_rollup_every)
                 started = time.monotonic()
@@ -256,6 +259,8 @@ class Machine:
                     raise not_ready[0]
                 if outcome is CaSResult.COMMITTED:
                     may_have_written = True
+                    metrics.count(metrics.READER_LEASES_LAPSED, lapsed[0])
+                    metrics.count(metrics.WRITER_LEASES_LAPSED, lapsed[1])
                     new.seqno, new.chain = seqno, chain
                     self._remember(new, started)
                     if seqno % self.config.gc_every_versions == 0:
@@ -285,7 +290,9 @@ class Machine:
         if not old:
             return 0
         try:
-            return self.consensus.truncate(self.key, max(old))
+            n = self.consensus.truncate(self.key, max(old))
         except ExternalError as e:  # best effort: the next GC tries again
             log.debug("truncate of %s failed: %s", self.key, e)
             return 0
+        metrics.count(metrics.VERSIONS_TRUNCATED, n)
+        return n

@@ -63,7 +63,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from persist import Determinate, Indeterminate, InvalidUsage, PersistClient, PersistConfig, PersistError, Schema
+from persist import (
+    Determinate,
+    Indeterminate,
+    InvalidUsage,
+    PersistClient,
+    PersistConfig,
+    PersistError,
+    Schema,
+    metrics,
+)
 from persist.errors import CorruptObject
 from txns import Tidy, TimestampUnavailable, Txn, TxnApply, TxnsHandle
 from txns.group_commit import GroupCommitFailed, GroupCommitter
@@ -104,7 +113,7 @@ def worker_config(variant: str) -> PersistConfig:
             read_wait_s=5.0,
             part_grace_s=1.0,
             consensus_retention_s=4.0,
-            reader_lease_s=15.0,
+            reader_lease_s=6.0,
         )
     raise ValueError(f"unknown variant {variant!r} (default, tight)")
 
@@ -193,6 +202,8 @@ class Stats:
     violations: dict[str, int] = field(default_factory=dict)
     violation_examples: list[str] = field(default_factory=list)
     exit_status: int | None = None
+    persist: dict[str, int] = field(default_factory=dict)
+    """persist.metrics of this process (parts deleted, versions truncated, leases lapsed), as last saved."""
 
     def exception(self, phase: str, e: BaseException) -> None:
         key = f"{phase}:{type(e).__name__}"
@@ -235,6 +246,7 @@ class Worker:
         if not force and now - self._last_stats < 1.0:
             return
         self._last_stats = now
+        self.stats.persist = metrics.snapshot()
         tmp = self.stats_file.with_name(self.stats_file.name + ".tmp")
         tmp.write_text(json.dumps(self.stats.to_json(), sort_keys=True))
         os.replace(tmp, self.stats_file)

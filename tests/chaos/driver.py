@@ -28,8 +28,16 @@ On a directory (``backend="file"``) there is no proxy: kills only.
 Two worker variants (:func:`tests.chaos.bank.worker_config`): ``default``
 (short ``retry_deadline_s`` so faults surface as exceptions) and ``tight``
 (also ``part_grace_s`` 1 s, ``consensus_retention_s`` 4 s, ``reader_lease_s``
-15 s, so part deletion, version truncation and lapsed leases happen under
-faults). The ``tight`` variant runs no CLI commands: the CLI always uses
+6 s, so part deletion, version truncation and lapsed leases happen under
+faults). The ``tight`` variant also runs two long-lived readers
+(:mod:`tests.chaos.reader`: one handle each for the whole run, every read
+checked by the verifier against the history) and the maintainer
+(:mod:`tests.chaos.maint`: ``compact`` and ``gc`` in process, in a loop,
+with the workers' config; killed at random too). Every process saves its
+:mod:`persist.metrics` with its stats; the result sums them
+(``ChaosResult.persist``: parts deleted, versions truncated, leases lapsed),
+and ``ChaosConfig.goals`` extends the run phase until given counters are
+reached (up to ``max_seconds``). The ``tight`` variant runs no CLI commands: the CLI always uses
 the default config (retention 600 s), and persist's truncation rule assumes
 every process of a shard uses the same retention; a CLI write with a cached
 expectation older than 4 s could re-create a version a worker truncated,
@@ -66,6 +74,7 @@ from typing import IO, Any
 
 from persist.fault_proxy import FaultPlan, FaultProxy, OutageMode
 from persist.testing import FAKE_AWS_ENV, UNSET_AWS_ENV
+from tests.chaos.sidecar import read_stats
 
 REPO = Path(__file__).resolve().parents[2]
 TICK_S = 0.1
@@ -90,6 +99,21 @@ def default_faults() -> FaultPlan:
     )
 
 
+def tight_faults() -> FaultPlan:
+    """Every fault kind, with shorter and rarer outages than :func:`default_faults`: the short ``tight``
+    case must commit enough (and write enough parts) in under a minute for compaction, GC, truncation
+    and lease expiry to act on, on a busy 2-core CI machine."""
+    return FaultPlan(
+        drop_before=0.01,
+        drop_reply=0.02,
+        error_503=0.01,
+        truncate=0.01,
+        outage_every_s=15.0,
+        outage_s=3.0,
+        outage_mode=OutageMode.MIXED,
+    )
+
+
 @dataclass
 class ChaosConfig:
     backend: str = "s3"
@@ -107,6 +131,16 @@ class ChaosConfig:
     """Per transfer, the chance a worker kills itself at one of its crash points (see tests.chaos.bank)."""
     cli: bool | None = None
     """Run operator commands during the run (None: yes, except in the ``tight`` variant)."""
+    goals: dict[str, int] | None = None
+    """persist.metrics counters (summed over every process) the run phase must reach: it goes on past
+    ``seconds`` until they are reached or ``max_seconds`` passed (a slow machine gets the time it needs)."""
+    max_seconds: float | None = None
+    """With ``goals``: the longest run phase (None: ``3 * seconds``)."""
+    readers: int | None = None
+    """Long-lived reader processes (tests.chaos.reader; never killed). None: 2 in the ``tight`` variant, else 0."""
+    maint: bool | None = None
+    """Run the maintainer (tests.chaos.maint: compaction and GC in a loop with the workers' config, killed at
+    random like the workers). None: in the ``tight`` variant only."""
     cli_every_s: float = 2.0
     cli_kill_prob: float = 0.3
     gc_older_than_s: float = 30.0
@@ -150,6 +184,10 @@ class ChaosResult:
     faults: dict[str, int] = field(default_factory=dict)
     exceptions: dict[str, int] = field(default_factory=dict)
     worker_stats: dict[str, int] = field(default_factory=dict)
+    side_stats: dict[str, int] = field(default_factory=dict)
+    """Counters of the readers and the maintainer (reads by kind, compaction and GC rounds, ...)."""
+    persist: dict[str, int] = field(default_factory=dict)
+    """persist.metrics summed over every process (parts deleted, versions truncated, leases lapsed)."""
     durations: dict[str, float] = field(default_factory=dict)
     work_dir: str = ""
 
@@ -170,6 +208,8 @@ class ChaosResult:
             f"  faults: {self.faults}",
             f"  exceptions: {self.exceptions}",
             f"  worker stats: {self.worker_stats}",
+            f"  readers and maintainer: {self.side_stats}",
+            f"  persist (all processes): {self.persist}",
             f"  durations: {self.durations}",
             f"  work dir: {self.work_dir}",
         ]
@@ -282,6 +322,10 @@ class _Run:
         self.logs: list[IO[bytes]] = []
         self.cli_count = 0
         self.workers: list[_Worker] = [_Worker(n) for n in range(cfg.workers)]
+        tight = cfg.variant == "tight"
+        self.n_readers = cfg.readers if cfg.readers is not None else (2 if tight else 0)
+        self.maint_on = cfg.maint if cfg.maint is not None else tight
+        self.maint_incarnation = 0
 
     def log(self, msg: str) -> None:
         if self.cfg.log is not None:
@@ -344,6 +388,43 @@ class _Run:
             )
         w.proc = None
 
+    # ---- side processes: long-lived readers, the maintainer ----
+
+    def _side_argv(self, module: str, *extra: str) -> list[str]:
+        cfg = self.cfg
+        return [
+            cfg.python, "-m", module,
+            "--url", self.url,
+            "--txns-id", self.ids["txns"],
+            "--state-dir", str(self.state_dir),
+            "--seed", str(cfg.seed),
+            "--variant", cfg.variant,
+            "--seconds", str(cfg.seconds + 30),
+            *extra,
+        ]  # fmt: skip
+
+    def start_reader(self, n: int) -> subprocess.Popen[bytes]:
+        argv = self._side_argv(
+            "tests.chaos.reader", "--legs", self.ids["legs"], "--ledger", self.ids["ledger"], "--reader", str(n)
+        )
+        return self.popen(argv, self.state_dir / f"r{n}.log")
+
+    def start_maint(self) -> subprocess.Popen[bytes]:
+        self.maint_incarnation += 1
+        argv = self._side_argv(
+            "tests.chaos.maint",
+            "--incarnation", str(self.maint_incarnation),
+            "--older-than", str(self.cfg.gc_older_than_s),
+        )  # fmt: skip
+        return self.popen(argv, self.state_dir / "maint.log")
+
+    def reap_side(self, p: subprocess.Popen[bytes], name: str, log_path: Path) -> None:
+        rc = p.returncode
+        key = f"{name}:{rc}"
+        self.res.worker_exits[key] = self.res.worker_exits.get(key, 0) + 1
+        if rc not in (0, -signal.SIGKILL):
+            self.res.violation(f"{name}_crash", f"{name} exited {rc}: {_tail(log_path)}")
+
     # ---- operator commands ----
 
     def start_cli(self) -> tuple[subprocess.Popen[bytes], str, float | None, Path]:
@@ -375,26 +456,46 @@ class _Run:
         workers = self.workers
         for w in workers:
             self.start_worker(w, "run")
+        readers = [self.start_reader(n) for n in range(self.n_readers)]
+        maint = self.start_maint() if self.maint_on else None
+        maint_restart_at: float | None = None
         cli_on = cfg.cli if cfg.cli is not None else cfg.variant != "tight"
         now = time.monotonic()
         end = now + cfg.seconds
+        hard_end = now + (cfg.max_seconds if cfg.max_seconds is not None else 3 * cfg.seconds)
+        next_goal_check = end
         next_kill = now + rng.expovariate(1.0 / cfg.kill_every_s)
         next_cli = now + rng.uniform(0.5, cfg.cli_every_s)
         cli: tuple[subprocess.Popen[bytes], str, float | None, Path] | None = None
         cli_started = 0.0
         last_log = now
-        for _ in range(int(cfg.seconds / TICK_S) + 1000):
+        for _ in range(int(max(cfg.seconds, hard_end - now) / TICK_S) + 1000):
             now = time.monotonic()
             if now >= end:
-                break
+                if not cfg.goals or now >= hard_end:
+                    break
+                if now >= next_goal_check:
+                    next_goal_check = now + 2.0
+                    got = self.persist_metrics()
+                    if all(got.get(k, 0) >= n for k, n in cfg.goals.items()):
+                        break
             for w in workers:
                 if w.proc is not None and w.proc.poll() is not None:
                     self.reap_worker(w, "run")
                     w.restart_at = now + rng.uniform(0.0, 0.5)
                 if w.proc is None and w.restart_at is not None and now >= w.restart_at:
                     self.start_worker(w, "run")
+            if maint is not None and maint.poll() is not None:
+                self.reap_side(maint, "maint", self.state_dir / "maint.log")
+                maint, maint_restart_at = None, now + rng.uniform(0.0, 1.0)
+            if self.maint_on and maint is None and maint_restart_at is not None and now >= maint_restart_at:
+                maint = self.start_maint()
             if now >= next_kill:
                 alive = [w for w in workers if w.proc is not None and w.proc.poll() is None]
+                if maint is not None and maint.poll() is None and rng.random() < 0.15:
+                    maint.send_signal(signal.SIGKILL)  # the maintainer, killed mid-compaction or mid-GC
+                    self.res.worker_kills += 1
+                    alive = []
                 if alive:
                     victim = rng.choice(alive)
                     assert victim.proc is not None
@@ -434,6 +535,12 @@ class _Run:
             if w.proc is not None:
                 _kill(w.proc)
                 self.reap_worker(w, "run")
+        for n, p in enumerate(readers):
+            if p.poll() is not None:  # (a reader that exited early)
+                self.reap_side(p, "reader", self.state_dir / f"r{n}.log")
+            _kill(p)
+        if maint is not None:
+            _kill(maint)
 
     def finish_phase(self) -> None:
         cfg = self.cfg
@@ -498,6 +605,15 @@ class _Run:
         self.res.ledger_rows = rep.get("ledger_rows", 0)
         self.res.timestamps_checked = rep.get("timestamps_checked", 0)
 
+    def persist_metrics(self) -> dict[str, int]:
+        """persist.metrics summed over every process's last saved stats."""
+        out: dict[str, int] = {}
+        for pattern in ("w*.stats.json", "r*.stats.json", "maint.*.stats.json"):
+            for s in read_stats(self.state_dir, pattern):
+                for k, n in s.get("persist", {}).items():
+                    out[k] = out.get(k, 0) + n
+        return out
+
     def gather_stats(self) -> None:
         counters = (
             "transfers_started", "committed", "commit_attempts", "from_bytes_loaded", "from_bytes_committed",
@@ -520,6 +636,21 @@ class _Run:
             for ex in s.get("violation_examples", []):
                 kind = ex.split(":", 1)[0]
                 self.res.violation(kind, f"{p.name}: {ex}", 0)
+            for k, n in s.get("persist", {}).items():
+                self.res.persist[k] = self.res.persist.get(k, 0) + n
+        for pattern in ("r*.stats.json", "maint.*.stats.json"):
+            for s in read_stats(self.state_dir, pattern):
+                for k, n in s.get("counts", {}).items():
+                    self.res.side_stats[k] = self.res.side_stats.get(k, 0) + n
+                for k, n in s.get("exceptions", {}).items():
+                    key = f"{s['name'].rstrip('0123456789')}.{k}"
+                    self.res.exceptions[key] = self.res.exceptions.get(key, 0) + n
+                for kind, n in s.get("violations", {}).items():
+                    self.res.violations[kind] = self.res.violations.get(kind, 0) + n
+                for ex in s.get("violation_examples", []):
+                    self.res.violation(ex.split(":", 1)[0], f"{s['name']}: {ex}", 0)
+                for k, n in s.get("persist", {}).items():
+                    self.res.persist[k] = self.res.persist.get(k, 0) + n
 
 
 def _setup_store(url: str) -> dict[str, str]:

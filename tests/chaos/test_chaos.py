@@ -5,6 +5,12 @@
   fault proxy (a real S3 server: 35 s, fewer kills) and one on a directory (kills only:
   12 s, ~20 s in all). ``CHAOS_SECONDS`` overrides the
   run-phase length, ``CHAOS_SEED`` the seed.
+- The TIGHT short case (in the default run, ``-k tight``): moto behind the
+  fault proxy with the GC windows shrunk to seconds (part grace 1 s,
+  retention 4 s, leases 6 s), the maintainer (compaction and GC) and two
+  long-lived readers alongside the workers: ~45 s of run, ~90 s in all. It
+  asserts that parts were deleted, versions truncated and leases lapsed
+  (:mod:`persist.metrics`, summed over every process).
 - The LONG profile (``CHAOS_PROFILE=long``): several seeds (``CHAOS_SEEDS``,
   default ``1,2,3``) x minutes (``CHAOS_SECONDS``, default 180) x {S3
   default, S3 tight, directory}. ``benchmarks/chaos.py`` runs the same with a
@@ -24,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.driver import ChaosConfig, ChaosResult, run_chaos
+from tests.chaos.driver import ChaosConfig, ChaosResult, run_chaos, tight_faults
 
 PROFILE = os.environ.get("CHAOS_PROFILE", "short")
 LONG = PROFILE == "long"
@@ -105,6 +111,41 @@ def test_chaos_short_group_commit_s3(tmp_path: Path) -> None:
         tmp_path, backend="s3", seconds=SHORT_GROUP_S3_S, seed=SHORT_SEED, workers=4, group_commit=True, kill_every_s=8
     )
     _check(res)
+
+
+SHORT_TIGHT_S = _env_float("CHAOS_SECONDS", 45.0)
+
+
+@pytest.mark.chaos
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.timeout(int(3 * SHORT_TIGHT_S) + 420)
+@pytest.mark.skipif(LONG, reason="CHAOS_PROFILE=long runs the long profile instead")
+def test_chaos_short_tight_s3(tmp_path: Path) -> None:
+    """The GC windows inside the run (~90 s): moto behind the fault proxy with part grace 1 s, consensus
+    retention 4 s and reader leases 6 s; the maintainer compacting and collecting garbage (and killed)
+    alongside the workers, and two long-lived readers whose every read the verifier checks against the
+    history. Parts must be deleted, versions truncated and leases lapse, with no violation."""
+    res = _run(
+        tmp_path,
+        backend="s3",
+        variant="tight",
+        seconds=SHORT_TIGHT_S,
+        seed=SHORT_SEED,
+        faults=tight_faults(),
+        kill_every_s=10.0,  # (a worker takes seconds to start on a busy machine: let it commit first)
+        pad_every=3,  # (a third of transfers write a Parquet part: compaction retires parts, GC deletes them)
+        # past the 45 s, until each has happened at least once (on a busy machine this takes longer)
+        goals={"parts_deleted": 1, "versions_truncated": 1, "reader_leases_lapsed": 1},
+        max_seconds=3 * SHORT_TIGHT_S,
+    )
+    _check(res)
+    p = res.persist
+    assert p.get("parts_deleted", 0) > 0, f"no retired part was deleted:\n{res.summary()}"
+    assert p.get("versions_truncated", 0) > 0, f"no consensus version was truncated:\n{res.summary()}"
+    assert p.get("reader_leases_lapsed", 0) > 0, f"no reader lease lapsed:\n{res.summary()}"
+    assert res.side_stats.get("compact", 0) > 0 and res.side_stats.get("gc", 0) > 0, res.summary()
+    assert res.verifier.get("reads_exact", 0) > 0, f"no long-lived read was checked:\n{res.summary()}"
 
 
 LONG_SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",") if s.strip()]

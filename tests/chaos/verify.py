@@ -17,7 +17,14 @@ every timestamp of ``[start, upper)``):
     matching its ledger row) exactly when its ledger row is;
 (d) nothing lost: every acked transfer is present from its acked commit
     time on, and at the end;
-(e) no worker left a pending file.
+(e) no worker left a pending file;
+(f) every read of a long-lived reader (:mod:`tests.chaos.reader`) returned
+    exactly the contents of both shards at its time (as multisets: a
+    duplicated or missing row is a difference), for reads at or after the
+    replay's start; reads before it (compaction merged that history) are
+    checked for (a)-(c), for every acked transfer committed by then being
+    there, none acked later being there, and nothing there that is not
+    committed at the end.
 
 It also cross-checks the replayed final contents against a plain
 ``TxnsHandle.snapshot`` at ``upper - 1``. The report (JSON) has the
@@ -60,6 +67,9 @@ class Report:
     committed_unacked: int = 0
     final_sum: int = 0
     read_seconds: float = 0.0
+    reads_checked: int = 0
+    reads_exact: int = 0
+    """Reads compared with the replayed contents at their time (the rest: before the start, invariants only)."""
 
     def violation(self, kind: str, detail: str) -> None:
         self.ok = False
@@ -127,7 +137,8 @@ def verify(url: str, txns_id: str, legs: str, ledger: str, state_dir: Path) -> R
             rep.violation("read_error", f"{e!r}\n{traceback.format_exc(limit=10)}")
             return rep
         rep.read_seconds = round(time.monotonic() - t0, 2)
-        replay(rep, feeds, acked, start, upper)
+        reads = load_reads(state_dir)
+        replay(rep, feeds, acked, start, upper, reads)
         cross_check(rep, handle, legs, ledger, upper, feeds)
     finally:
         try:
@@ -137,7 +148,69 @@ def verify(url: str, txns_id: str, legs: str, ledger: str, state_dir: Path) -> R
     return rep
 
 
-def replay(rep: Report, feeds: dict[str, list], acked: dict[str, int], start: int, upper: int) -> None:
+def load_reads(state_dir: Path) -> list[dict[str, Any]]:
+    """Every recorded read of the long-lived readers, by time (a torn last line, from a kill, is skipped)."""
+    out: list[dict[str, Any]] = []
+    for p in sorted(state_dir.glob("r*.reads.jsonl")):
+        for line in p.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            r["reader"] = p.name
+            out.append(r)
+    out.sort(key=lambda r: r["ts"])
+    return out
+
+
+def _contents(ledger: dict, legs: dict) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The replayed contents in the readers' format (tests.chaos.reader)."""
+    return (
+        sorted([*lk, m] for lk, m in ledger.items() if m != 0),
+        sorted([*k, m] for k, m in legs.items() if m != 0),
+    )
+
+
+def check_read_invariants(rep: Report, r: dict[str, Any], acked: dict[str, int]) -> set[str]:
+    """(a)-(c) and the acks for one read; returns the transfers it saw."""
+    where = f"{r['reader']} read at {r['ts']} ({r['kind']})"
+    total = sum(amount * m for _a, _t, amount, m in r["legs"])
+    if total != 0:
+        rep.violation("read_sum_nonzero", f"{where}: legs sum to {total}")
+    rows: dict[str, list[list[Any]]] = defaultdict(list)
+    for row in r["ledger"]:
+        rows[row[0]].append(row)
+    legs: dict[str, set[tuple[str, str, int]]] = defaultdict(set)
+    for account, tid, amount, m in r["legs"]:
+        if m != 1:
+            rep.violation("read_duplicate", f"{where}: leg {account} {tid} has multiplicity {m}")
+        legs[tid].add((account, tid, amount))
+    for tid, rs in rows.items():
+        if len(rs) != 1 or rs[0][5] != 1:
+            rep.violation("read_duplicate", f"{where}: ledger rows of {tid}: {rs}")
+            continue
+        _t, src, dst, amount, _pad, _m = rs[0]
+        if legs.get(tid) != {(src, tid, -amount), (dst, tid, amount)}:
+            rep.violation("read_torn", f"{where}: {tid} ledger {rs[0]} legs {sorted(legs.get(tid, ()))}")
+    for tid in set(legs) - set(rows):
+        rep.violation("read_torn", f"{where}: legs of {tid} without its ledger row")
+    seen = set(rows)
+    for tid, ts in acked.items():
+        if ts <= r["ts"] and tid not in seen:
+            rep.violation("read_lost", f"{where}: {tid} acked at {ts} missing")
+        elif ts > r["ts"] and tid in seen:
+            rep.violation("read_early", f"{where}: {tid} acked at {ts} already there")
+    return seen
+
+
+def replay(
+    rep: Report,
+    feeds: dict[str, list],
+    acked: dict[str, int],
+    start: int,
+    upper: int,
+    reads: list[dict[str, Any]] | None = None,
+) -> None:
     by_ts: dict[int, list[tuple[str, tuple, tuple, int]]] = defaultdict(list)
     for shard, updates in feeds.items():
         for (key, val), ts, diff in updates:
@@ -154,7 +227,33 @@ def replay(rep: Report, feeds: dict[str, list], acked: dict[str, int], start: in
     vanished_at: dict[str, int] = {}
     total = 0
     sum_bad = False
+    pending = list(reads or [])
+    pending.reverse()  # (popped oldest first)
+    seen_by_reads: set[str] = set()
+
+    def check_reads_before(t: int) -> None:
+        """Reads at times below ``t``: the replayed contents are theirs (no change in between)."""
+        while pending and pending[-1]["ts"] < t:
+            r = pending.pop()
+            rep.reads_checked += 1
+            seen_by_reads.update(check_read_invariants(rep, r, acked))
+            if r["ts"] >= upper:
+                rep.violation("read_past_upper", f"{r['reader']} read at {r['ts']}, the final upper is {upper}")
+            elif r["ts"] >= start:
+                rep.reads_exact += 1
+                want_ledger, want_legs = _contents(ledger, legs)
+                if (r["ledger"], r["legs"]) != (want_ledger, want_legs):
+                    got = {json.dumps(x) for x in r["ledger"] + r["legs"]}
+                    want = {json.dumps(x) for x in want_ledger + want_legs}
+                    rep.violation(
+                        "read_mismatch",
+                        f"{r['reader']} read at {r['ts']} ({r['kind']}) differs from the history: only read "
+                        f"{sorted(got - want)[:4]}, only in history {sorted(want - got)[:4]}",
+                    )
+
+    check_reads_before(start)
     for ts in sorted(by_ts):
+        check_reads_before(ts)
         touched: set[str] = set()
         for shard, key, val, diff in by_ts[ts]:
             if shard == "legs":
@@ -203,6 +302,7 @@ def replay(rep: Report, feeds: dict[str, list], acked: dict[str, int], start: in
             if not present and tid in present_at and tid not in vanished_at:
                 vanished_at[tid] = ts
                 rep.violation("vanished", f"{tid} present from {present_at[tid]}, gone at {ts}")
+    check_reads_before(upper + 1)  # (+1: a read at or past the upper is reported above)
     rep.timestamps_checked = upper - start
     rep.final_sum = total
     final_present = {tid for tid, rows in ledger_by_tid.items() if any(ledger[lk] > 0 for lk in rows)}
@@ -216,6 +316,8 @@ def replay(rep: Report, feeds: dict[str, list], acked: dict[str, int], start: in
         elif tid not in final_present:
             rep.violation("lost", f"{tid} acked at {ts} not present at the end")
     rep.committed_unacked = len(final_present - set(acked))
+    for tid in sorted(seen_by_reads - final_present):
+        rep.violation("read_phantom", f"a reader saw {tid}, which is not committed at the end")
 
 
 def _legs_match(row: tuple[str, str, str, int, int], lgs: dict[tuple[str, str, int], int]) -> bool:
