@@ -1,4 +1,9 @@
-"""Fixtures of the database tests: a fresh database's URL on a local directory, and the database."""
+"""Fixtures of the database tests: a fresh database's URL, and the database.
+
+The suites of :data:`tests.backends.DB_SUITES` run once per backend of
+:data:`tests.backends.BACKENDS` (file and moto S3); the others on a local
+directory.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,19 @@ from pathlib import Path
 import pytest
 
 import txns
-from tests import helpers
+from tests import backends
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_backend" in metafunc.fixturenames:
+        metafunc.parametrize("db_backend", backends.params_for(metafunc, backends.DB_SUITES, "file"))
 
 
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    """A fresh database's URL: the local directory ``tmp_path/db`` (not created yet: connecting creates it)."""
-    return helpers.file_url(tmp_path / "db")
+def db_url(request: pytest.FixtureRequest, tmp_path: Path, db_backend: str) -> str:
+    """A fresh database's URL: the local directory ``tmp_path/db`` (not created yet: connecting creates it),
+    or a fresh bucket on moto."""
+    return backends.store_url(request, db_backend, tmp_path / "db")
 
 
 @pytest.fixture

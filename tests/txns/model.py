@@ -19,7 +19,7 @@ from persist import Determinate, Indeterminate, PersistClient, PersistConfig, Sc
 from persist.location import Blob, Consensus
 from persist.mem import MemBlob, MemConsensus
 from persist.unreliable import Counters, CountingBlob, CountingConsensus, Faults, UnreliableBlob, UnreliableConsensus
-from persist.url import Location
+from persist.url import Location, open_location
 from tests.helpers import mem_url
 from txns import TXNS_SCHEMA, Entry, TxnsHandle
 from txns.commits import commits_shard_id
@@ -116,19 +116,33 @@ class TxnsModel:
 
 
 class Store:
-    """One shared in-memory store; every client gets its own counting or fault-injecting wrappers.
+    """One shared store (in memory, or at ``url``); every client gets its own counting or fault-injecting wrappers.
 
     All wrappers share ``counters`` (and ``faults`` if given), so counts and
     faults cover every client of the store.
     """
 
-    def __init__(self, faults: Faults | None = None, config: PersistConfig | None = None) -> None:
-        self.blob: Blob = MemBlob()
-        self.consensus: Consensus = MemConsensus()
+    def __init__(
+        self, faults: Faults | None = None, config: PersistConfig | None = None, url: str | None = None
+    ) -> None:
+        self.blob: Blob
+        self.consensus: Consensus
+        self._location: Location | None = None
+        if url is None:  # the default: in memory
+            self.blob, self.consensus = MemBlob(), MemConsensus()
+            self.url = mem_url("txns-test")
+        else:  # a real backend (file, S3): every client shares its blob and consensus
+            self._location = open_location(url)
+            self.blob, self.consensus = self._location.blob, self._location.consensus
+            self.url = url
         self.faults = faults
         self.counters = faults.counters if faults is not None else Counters()
         self.config = config
-        self.url = mem_url("txns-test")
+
+    def close(self) -> None:
+        """Release a real backend's connections (nothing for the in-memory one)."""
+        if self._location is not None:
+            self._location.close()
 
     def client(self, config: PersistConfig | None = None) -> PersistClient:
         blob: Blob
