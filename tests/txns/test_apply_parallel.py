@@ -10,8 +10,8 @@ batch; compacting after nearly every one cost a conditional write each).
 
 from __future__ import annotations
 
+import itertools
 import threading
-import time
 
 import pytest
 
@@ -40,22 +40,30 @@ def test_applies_overlap_and_maintenance_follows_them_all(monkeypatch: pytest.Mo
     # every apply (the 12 shards' and the commits shard's) waits at a barrier that only
     # opens once all 13 are in flight at once
     barrier = threading.Barrier(len(shards) + 1, timeout=10)
-    applied: list[float] = []
+    # event order by a shared counter (not the clock): deterministic on any machine
+    order = itertools.count()
+    order_lock = threading.Lock()
+
+    def stamp() -> int:
+        with order_lock:
+            return next(order)
+
+    applied: list[int] = []
     maintained: list[str] = []
-    maintained_at: list[float] = []
+    maintained_at: list[int] = []
     inner = h._apply_one
 
     def apply_one(d: str, ts: int, group: list) -> None:  # type: ignore[type-arg]
         barrier.wait()
         inner(d, ts, group)
-        applied.append(time.monotonic())
+        applied.append(stamp())
 
     real_maintain = WriteHandle.maintain
 
     def maintain(self: WriteHandle) -> None:
         if self.shard_id in shards:
             maintained.append(self.shard_id)
-            maintained_at.append(time.monotonic())
+            maintained_at.append(stamp())
         real_maintain(self)
 
     monkeypatch.setattr(h, "_apply_one", apply_one)
