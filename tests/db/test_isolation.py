@@ -383,14 +383,30 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
     first.join(5)
     late.join(5)
     assert got["first"] < committed <= got["late"]  # the late caller did not reuse the earlier read
-    # many callers at once share reads (each read takes 50 ms here: they pile up behind it)
-    import time
+    # many callers at once share reads: the first head read is held until the 15 others wait behind
+    # it (counted by the oracle's condition), so exactly two head reads serve all 16
+    class CountingCondition(threading.Condition):
+        waits = 0
 
-    def slow(wait: float = 0.05) -> int:
-        time.sleep(wait)
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits += 1
+            return super().wait(timeout)
+
+    cv = CountingCondition()
+    oracle._cv = cv
+    first_read = threading.Event()
+    tick = threading.Event()  # (never set: a 1 ms pause while polling)
+
+    def held() -> int:
+        if not first_read.is_set():
+            first_read.set()
+            for _ in range(10_000):  # until the others wait (bounded: 10 s at most)
+                if cv.waits >= 15:
+                    break
+                tick.wait(0.001)
         return real()
 
-    db.latest = slow  # type: ignore[method-assign]
+    db.latest = held  # type: ignore[method-assign]
     out: list[int] = []
     threads = [threading.Thread(target=lambda: out.append(oracle.read_ts())) for _ in range(16)]
     before = oracle.head_reads
@@ -399,6 +415,7 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
     for th in threads:
         th.join()
     db.latest = real  # type: ignore[method-assign]
+    assert cv.waits >= 15, "the callers did not pile up behind the first read"
     assert len(out) == 16 and min(out) >= committed
-    assert oracle.head_reads - before <= 4  # not one per caller
+    assert oracle.head_reads - before == 2  # the held read, then one for every caller that waited
     db.close()
