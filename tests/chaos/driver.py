@@ -57,6 +57,7 @@ time; ports are chosen by the OS on 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -100,18 +101,10 @@ def default_faults() -> FaultPlan:
 
 
 def tight_faults() -> FaultPlan:
-    """Every fault kind, with shorter and rarer outages than :func:`default_faults`: the short ``tight``
-    case must commit enough (and write enough parts) in under a minute for compaction, GC, truncation
-    and lease expiry to act on, on a busy 2-core CI machine."""
-    return FaultPlan(
-        drop_before=0.01,
-        drop_reply=0.02,
-        error_503=0.01,
-        truncate=0.01,
-        outage_every_s=15.0,
-        outage_s=3.0,
-        outage_mode=OutageMode.MIXED,
-    )
+    """:func:`default_faults` with shorter and rarer outages: the short ``tight`` case must commit enough
+    (and write enough parts) in under a minute for compaction, GC, truncation and lease expiry to act
+    on, on a busy 2-core CI machine."""
+    return dataclasses.replace(default_faults(), outage_every_s=15.0, outage_s=3.0)
 
 
 @dataclass
