@@ -3,7 +3,8 @@
 ``BACKENDS`` lists them as pytest params; :func:`store_url` makes a fresh,
 empty store of one. To run the suites on one more S3-compatible store, add
 its param here (with its marker) and a branch in :func:`store_url` that
-asks for its URL fixture (a fresh bucket's ``s3://`` URL).
+asks for its URL (for SeaweedFS, tests/conftest.py's ``seaweedfs_endpoint``
+and ``seaweedfs_bucket`` fixtures, a fresh prefix of its session bucket).
 
 Only the suites where storage matters run on every backend
 (``S3_SUITES``, by module name); the rest stay on their default store to
