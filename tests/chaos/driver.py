@@ -125,7 +125,8 @@ class ChaosConfig:
     cli: bool | None = None
     """Run operator commands during the run (None: yes, except in the ``tight`` variant)."""
     goals: dict[str, int] | None = None
-    """persist.metrics counters (summed over every process) the run phase must reach: it goes on past
+    """persist.metrics counters (summed over every process), or the readers' and maintainer's counters
+    (``compact``, ``gc``), the run phase must reach: it goes on past
     ``seconds`` until they are reached or ``max_seconds`` passed (a slow machine gets the time it needs)."""
     max_seconds: float | None = None
     """With ``goals``: the longest run phase (None: ``3 * seconds``)."""
@@ -282,6 +283,8 @@ def moto_subprocess(python: str, log_path: Path) -> Iterator[str]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(5)
         _kill(p)
+        if p.stdout is not None:
+            p.stdout.close()
         log.close()
 
 
@@ -469,7 +472,7 @@ class _Run:
                     break
                 if now >= next_goal_check:
                     next_goal_check = now + 2.0
-                    got = self.persist_metrics()
+                    got = {**self.side_counts(), **self.persist_metrics()}
                     if all(got.get(k, 0) >= n for k, n in cfg.goals.items()):
                         break
             for w in workers:
@@ -597,6 +600,15 @@ class _Run:
         self.res.acked = rep.get("acked", 0)
         self.res.ledger_rows = rep.get("ledger_rows", 0)
         self.res.timestamps_checked = rep.get("timestamps_checked", 0)
+
+    def side_counts(self) -> dict[str, int]:
+        """The readers' and the maintainer's counters summed (``compact``, ``gc``, ``reads_latest``, ...)."""
+        out: dict[str, int] = {}
+        for pattern in ("r*.stats.json", "maint.*.stats.json"):
+            for s in read_stats(self.state_dir, pattern):
+                for k, n in s.get("counts", {}).items():
+                    out[k] = out.get(k, 0) + n
+        return out
 
     def persist_metrics(self) -> dict[str, int]:
         """persist.metrics summed over every process's last saved stats."""

@@ -135,8 +135,9 @@ def test_chaos_short_tight_s3(tmp_path: Path) -> None:
         faults=tight_faults(),
         kill_every_s=10.0,  # (a worker takes seconds to start on a busy machine: let it commit first)
         pad_every=3,  # (a third of transfers write a Parquet part: compaction retires parts, GC deletes them)
-        # past the 45 s, until each has happened at least once (on a busy machine this takes longer)
-        goals={"parts_deleted": 1, "versions_truncated": 1, "reader_leases_lapsed": 1},
+        # past the 45 s, until each has happened at least once, and the maintainer finished a compaction
+        # and a GC round (on a busy machine this takes longer)
+        goals={"parts_deleted": 1, "versions_truncated": 1, "reader_leases_lapsed": 1, "compact": 1, "gc": 1},
         max_seconds=3 * SHORT_TIGHT_S,
     )
     _check(res)
