@@ -28,7 +28,7 @@ the URL registry), and ``persist.testing`` (test support). Everything under
 """
 
 from persist._internal.codec import crc32c, frame, unframe
-from persist._internal.retry import backoff, retry_storage
+from persist._internal.retry import Attempts, backoff, retry_storage, retry_until
 from persist._internal.state import HollowBatch, ShardState
 from persist._internal.threads import ThreadPool
 from persist.batch import Batch, BatchBuilder
@@ -55,6 +55,7 @@ from persist.shard import ShardView
 from persist.write import WriteHandle
 
 __all__ = [
+    "Attempts",
     "Batch",
     "BatchBuilder",
     "CLOSED",
@@ -95,5 +96,6 @@ __all__ = [
     "frame",
     "replan",
     "retry_storage",
+    "retry_until",
     "unframe",
 ]

@@ -136,9 +136,9 @@ class SequencerLease:
     two processes that both believe they hold it are safe, just wasteful.
     """
 
-    def __init__(self, handle: TxnsHandle, lease_ms: int) -> None:
+    def __init__(self, handle: TxnsHandle, lease_ms: int, key: str | None = None) -> None:
         self.consensus = handle.client.consensus
-        self.key = lease_key(handle.txns_id)
+        self.key = key or lease_key(handle.txns_id)
         self.holder = uuid.uuid4().hex
         self.lease_ms = lease_ms
         self._seqno: int | None = None  # the version we wrote, while we believe we hold it
@@ -199,6 +199,17 @@ class SequencerLease:
             self.acquired += 1
             return True
         return False
+
+    def busy(self) -> bool:
+        """Whether another holder holds the lease now (one fresh read; a storage failure counts as free)."""
+        try:
+            head = self.consensus.head(self.key)
+        except ExternalError:
+            return False
+        if head is None:
+            return False
+        j = json.loads(unframe(f"consensus {self.key} seqno {head.seqno}", head.data, KIND_LEASE))
+        return bool(j["holder"] != self.holder and j["expires_ms"] > self._now_ms())
 
     def release(self) -> None:
         """Give the lease up (best effort: it lapses anyway)."""

@@ -32,8 +32,9 @@ column, delta)``. A function must be deterministic in what it reads through
    they saw changed since ``t``'s read time) and commits.
 3. On ``TransactionConflict`` the repair runs again in a new transaction,
    with the latest runs as the speculation (only functions whose reads
-   changed run again), up to ``max_attempts``; then ``TransactionConflict``
-   says how many ran. A storage failure of uncertain outcome
+   changed run again), until the deadline (``deadline_s``, default 60 s;
+   or ``max_attempts``, if given: :func:`persist.retry_until`); then
+   ``TransactionConflict`` says how long it tried and how many attempts ran. A storage failure of uncertain outcome
    (``persist.Indeterminate``) propagates, as in ``Database.run``.
 
 Executions: ``n`` in phase 1 plus the repairs of every attempt
@@ -54,10 +55,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from persist import InvalidUsage, PersistClient, backoff
+from persist import Attempts, InvalidUsage, PersistClient, retry_until
 from txns.db.arrow_io import NOT_ARROW, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import Abort, DatabaseNotFound, InvalidPrimaryKey, TransactionConflict
+from txns.db.fairness import check_deadline, conflict_gave_up
 from txns.db.keyed import keys_from_values, require_keyed
 from txns.db.root import read_root
 from txns.resolve.repair import DELETE, BatchContext, Execution, Key, RepairResult, Row, Write, execute, repair
@@ -69,7 +71,9 @@ if TYPE_CHECKING:
     from txns.db.transaction import CommitInfo, Transaction
 
 BATCH_MAX_ATTEMPTS = 16
-"""Transactions a batch tries (each repairing what changed) before it gives up on conflicts."""
+"""Kept for compatibility: a batch retries conflicts until its deadline (``RUN_DEADLINE_S``) unless given a count."""
+RUN_DEADLINE_S = 60.0
+"""How long a batch retries conflicts by default (as ``db.run``)."""
 BATCH_BACKOFF_CAP_S = 0.2
 EXECUTORS = ("threads", "processes", "spark", None)
 
@@ -256,8 +260,10 @@ def _check(
         raise InvalidUsage(f"spark= is for executor='spark' only (executor is {executor!r})")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise InvalidUsage(f"workers must be a positive int or None, got {workers!r}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidUsage(f"max_attempts must be a positive int, got {max_attempts!r}")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise InvalidUsage(f"max_attempts must be a positive int or None, got {max_attempts!r}")
     if executor in ("processes", "spark") and db._url.lower().startswith("mem://"):
         where = "other processes" if executor == "processes" else "Spark executors (other processes)"
         raise InvalidUsage(
@@ -321,8 +327,9 @@ def run_batch(
     workers: int | None = None,
     isolation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
-    max_attempts: int = BATCH_MAX_ATTEMPTS,
+    max_attempts: int | None = None,
     spark: SparkSession | None = None,
+    deadline_s: float | None = None,
 ) -> BatchResult:
     """Run ``fns`` as if one by one in list order, in parallel, and commit their writes in one transaction.
 
@@ -358,8 +365,9 @@ def run_batch(
     if executor is not None:
         spec = _speculate(db, todo, executor, workers, isolation, spark)
         execs = [1] * n
-    last: TransactionConflict | None = None
-    for attempt in range(1, max_attempts + 1):
+    carried: list[list[Execution] | None] = [spec]  # the speculation the next attempt repairs
+
+    def attempt(state: Attempts) -> BatchResult:
         t = db.transaction(metadata, isolation=isolation)
         tables = _Tables(db, db.latest())
         res: RepairResult | None = None
@@ -369,42 +377,44 @@ def run_batch(
                 t.get,
                 keys=tables.keys,
                 aborts=(Abort,),
-                speculative=spec,
+                speculative=carried[0],
                 normalize_row=tables.row,
                 normalize_key=tables.key,
             )
             _apply(t, res.writes)
             info = t.commit()
-        except TransactionConflict as e:
-            last = e
+        except TransactionConflict:
             t.abort()
             if res is not None:
-                _count(res, spec, execs, reps)
-                spec = res.final
-            if attempt < max_attempts:
-                backoff(attempt, cap_s=BATCH_BACKOFF_CAP_S, base_s=0.0005)
-            continue
+                _count(res, carried[0], execs, reps)
+                carried[0] = res.final
+            raise
         except BaseException:
             t.abort()
             raise
-        _count(res, spec, execs, reps)
+        _count(res, carried[0], execs, reps)
         total = sum(execs)
         return BatchResult(
-            commit=None if info.ts is None else dataclasses.replace(info, attempts=attempt),
+            commit=None if info.ts is None else dataclasses.replace(info, attempts=state.number),
             outcomes=res.outcomes,
             aborted=res.aborted,
             results=res.results,
             executions=total,
             repairs=sum(reps),
             executions_per_txn=total / n,
-            attempts=attempt,
+            attempts=state.number,
             executions_per_fn=execs,
             repairs_per_fn=reps,
         )
-    assert last is not None
-    raise TransactionConflict(
-        f"{last} (run_batch gave up after {max_attempts} attempts, each repairing what had changed)",
-        attempts=max_attempts,
+
+    return retry_until(
+        attempt,
+        retry_on=TransactionConflict,
+        deadline_s=check_deadline(deadline_s, RUN_DEADLINE_S),
+        max_attempts=max_attempts,
+        gave_up=conflict_gave_up("run_batch, each attempt repairing what had changed,"),
+        base_s=0.0005,
+        cap_s=BATCH_BACKOFF_CAP_S,
     )
 
 

@@ -78,6 +78,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from persist import (
+    Attempts,
     CorruptObject,
     Indeterminate,
     InvalidUsage,
@@ -91,6 +92,7 @@ from persist import (
     SnapshotPlan,
     backoff,
     replan,
+    retry_until,
 )
 from persist.url import redact
 from txns.commits import COMMITS_SCHEMA, commits_shard_id
@@ -99,6 +101,7 @@ from txns.db.applier import Applier
 from txns.db.batch import BatchFn, BatchResult, run_batch
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
+from txns.db.fairness import PRIORITY_AFTER, RunTurns, check_deadline, conflict_gave_up
 from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
@@ -118,7 +121,7 @@ from txns.db.scan import PlanReader, read_changes, read_table
 from txns.db.skew import DEFAULT_MAX_CLOCK_SKEW, StorageClock, check_max_skew
 from txns.db.validation import ReadSet, conflict, writes_in
 from txns.errors import NotRegistered, TimestampUnavailable
-from txns.group_commit import GroupCommitter
+from txns.group_commit import GroupCommitter, SequencerLease
 from txns.handle import TxnsHandle
 from txns.txn import Txn
 
@@ -139,7 +142,9 @@ T = TypeVar("T")
 DROPPED_REPORT = "(dropped tables)"
 """The key of ``compact()``'s report on dropped tables retired ({"tombstoned": n, "forgotten": n})."""
 RUN_MAX_ATTEMPTS = 16
-"""How many times ``db.run`` runs a transaction that keeps conflicting before it gives up."""
+"""Kept for compatibility: ``db.run`` no longer stops after a count by default (see ``RUN_DEADLINE_S``)."""
+RUN_DEADLINE_S = 60.0
+"""How long ``db.run`` (and ``run_batch``, intent resolution) retry a transaction that keeps conflicting."""
 RUN_BACKOFF_CAP_S = 0.2
 """The longest pause ``db.run`` takes between two attempts (jittered, growing from about 1 ms)."""
 UNCERTAIN_RETRIES = 3
@@ -368,6 +373,7 @@ class Database:
         self.intent_state = IntentState()
         # (init_ts: the upper of a txns shard still empty, a creator's that crashed, moves past the clock)
         self.handle = handle or TxnsHandle.open(client, root.txns_id, init_ts=self._now_ts() + 1)
+        self._run_turns = RunTurns(self.handle)  # (db.run's fairness: only the handle's client and txns id)
         # the txns shard's maintenance runs on the background worker, after its applies
         self.handle.maintain_on_commit = False
         self._catalogs: dict[tuple[str, int], CatalogView] = {}
@@ -733,7 +739,8 @@ class Database:
         *,
         isolation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
-        max_attempts: int = RUN_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
+        deadline_s: float | None = None,
     ) -> CommitInfo:
         """Run ``fn(t)`` in a transaction and commit it; on a conflict, run it again. Returns the commit info.
 
@@ -742,12 +749,16 @@ class Database:
         or ``with t:`` inside ``fn`` raises ``InvalidUsage`` (nothing
         commits), and so does an ``async def`` function (or one returning an
         awaitable), which ``run`` cannot await. Raising ``txns.Abort`` (or any exception)
-        inside it commits nothing and propagates. After ``max_attempts``
-        conflicting attempts (with jittered backoff between them),
-        ``TransactionConflict`` says how many ran. A storage failure of
-        uncertain outcome (``persist.Indeterminate``) propagates: the
-        transaction may have committed, and running it again could apply it
-        twice; its id (``db.history()``) tells.
+        inside it commits nothing and propagates. Conflicting attempts are
+        retried (jittered backoff between them, :func:`persist.retry_until`)
+        until ``deadline_s`` (default ``RUN_DEADLINE_S``, 60 s) has passed,
+        or ``max_attempts`` ran if given; a call that keeps losing takes the
+        run turn and goes through (:mod:`txns.db.fairness`). Only then
+        ``TransactionConflict`` says how long it tried and how many attempts
+        ran. A storage failure of uncertain outcome
+        (``persist.Indeterminate``) propagates: the transaction may have
+        committed, and running it again could apply it twice; its id
+        (``db.history()``) tells.
 
         >>> import pyarrow as pa, txns
         >>> db = txns.connect("mem://doc-run")
@@ -759,31 +770,49 @@ class Database:
         >>> db.table("kv").to_arrow().to_pylist()
         [{'k': 'a', 'v': 2}]
         """
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise InvalidUsage(f"max_attempts must be a positive int, got {max_attempts!r}")
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise InvalidUsage(f"max_attempts must be a positive int or None, got {max_attempts!r}")
+        deadline = check_deadline(deadline_s, RUN_DEADLINE_S)
         if not callable(fn):
             raise InvalidUsage(f"run takes a function of a transaction, got {type(fn).__name__}")
         _check_not_async(fn)
         level = check_isolation(isolation or self.isolation)
-        last: TransactionConflict | None = None
-        for attempt in range(1, max_attempts + 1):
+        turns = self._run_turns
+        mine: list[SequencerLease] = []  # the run turn, once this call starves
+
+        def attempt(state: Attempts) -> CommitInfo:
+            turns.before_attempt(state, mine[0] if mine else None)
             t = self.transaction(metadata, isolation=level)
             t._in_run = True  # (t.commit() and `with t:` inside fn are refused: run commits it)
             try:
                 _check_not_awaitable(fn, fn(t))
                 info = t._commit()
-            except TransactionConflict as e:
-                last = e
-                t.abort()
-                if attempt < max_attempts:
-                    backoff(attempt, cap_s=RUN_BACKOFF_CAP_S, base_s=0.0005)
-                continue
             except BaseException:
                 t.abort()
                 raise
-            return dataclasses.replace(info, attempts=attempt)
-        assert last is not None
-        raise TransactionConflict(f"{last} (gave up after {max_attempts} attempts)", attempts=max_attempts)
+            return dataclasses.replace(info, attempts=state.number)
+
+        def on_retry(_e: BaseException, state: Attempts) -> None:
+            turns.conflicted()
+            if state.number >= PRIORITY_AFTER and not mine:
+                mine.append(turns.turn())
+
+        try:
+            return retry_until(
+                attempt,
+                retry_on=TransactionConflict,
+                deadline_s=deadline,
+                max_attempts=max_attempts,
+                gave_up=conflict_gave_up("run"),
+                on_retry=on_retry,
+                base_s=0.0005,
+                cap_s=RUN_BACKOFF_CAP_S,
+            )
+        finally:
+            if mine:
+                mine[0].release()
 
     def run_batch(
         self,
@@ -795,6 +824,7 @@ class Database:
         metadata: Mapping[str, Any] | None = None,
         max_attempts: int | None = None,
         spark: SparkSession | None = None,
+        deadline_s: float | None = None,
     ) -> BatchResult:
         """Run functions of a ``BatchContext`` in parallel, repaired to equal running them one by one in
         list order, and commit their writes as one transaction (:func:`txns.db.batch.run_batch`).
@@ -817,7 +847,7 @@ class Database:
         >>> res.outcomes, res.repairs, db.table("kv").to_arrow().to_pylist()
         (['committed', 'committed', 'committed'], 2, [{'k': 'a', 'v': 3}])
         """
-        kw: dict[str, Any] = {} if max_attempts is None else {"max_attempts": max_attempts}
+        kw: dict[str, Any] = {"max_attempts": max_attempts, "deadline_s": deadline_s}
         if spark is not None:
             kw["spark"] = spark
         return run_batch(self, fns, executor=executor, workers=workers, isolation=isolation, metadata=metadata, **kw)

@@ -102,10 +102,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import Indeterminate, InvalidUsage, backoff
+from persist import Attempts, Indeterminate, InvalidUsage, backoff, retry_until
 from txns.db.arrow_io import conform
 from txns.db.catalog import TableEntry, is_system_name
 from txns.db.errors import TableExists, TableNotFound, TransactionConflict
+from txns.db.fairness import conflict_gave_up
 from txns.db.keyed import keys_from_values, require_keyed
 from txns.resolve import resolve
 
@@ -125,6 +126,8 @@ OUTCOMES_SCHEMA = pa.schema(
 RESOLVER_SCHEMA = pa.schema([("name", pa.string()), ("epoch", pa.int64())])
 PROGRESS = "progress"
 RESOLVE_MAX_ATTEMPTS = 100
+RESOLVE_DEADLINE_S = 60.0
+"""How long intent resolution retries a step that keeps conflicting (unless ``max_attempts`` stops it first)."""
 KNOWN_OUTCOMES = 100_000
 """Outcomes this process resolved, kept in memory for its futures (oldest dropped first)."""
 
@@ -574,42 +577,49 @@ def lookup_many(db: Database, asked: list[tuple[str, int]]) -> list[Outcome | No
     return out
 
 
-def resolve_intents(db: Database, max_attempts: int = RESOLVE_MAX_ATTEMPTS) -> int:
+def resolve_intents(db: Database, max_attempts: int | None = RESOLVE_MAX_ATTEMPTS) -> int:
     """Resolve every closed epoch not resolved yet (one database transaction); how many intents it resolved.
 
     Safe to run anywhere, any number of times, concurrently (see the module
-    doc): a step that loses to another one starts again from its progress.
+    doc): a step that loses to another one starts again from its progress
+    (:func:`persist.retry_until`, until ``RESOLVE_DEADLINE_S`` or ``max_attempts``).
     """
     ensure_tables(db)
     st = db.intent_state
+
+    def attempt(_state: Attempts) -> int:
+        t = db.transaction(metadata={"txns": "resolve intents"}, isolation="strict_serializable")
+        t._system = SYSTEM_TABLES
+        try:
+            with _collector_paused():
+                done = _step(db, t)
+                if done is None:
+                    t.abort()
+                    return 0
+                info = t.commit()
+        except BaseException:
+            t.abort()
+            raise
+        assert info.ts is not None
+        with st.lock:
+            if info.ts not in db.shared_commits:  # (committed alone: no one's intents at that time)
+                st.steps.append(info.ts)
+            for i, epoch, ok, why in zip(done.ids, done.epochs, done.committed, done.reasons, strict=True):
+                st.known[i] = Outcome(i, epoch, ok, info.ts, why)
+            while len(st.known) > KNOWN_OUTCOMES:
+                st.known.popitem(last=False)
+        return len(done.ids)
+
     with st.resolving:
-        for attempt in range(1, max_attempts + 1):
-            t = db.transaction(metadata={"txns": "resolve intents"}, isolation="strict_serializable")
-            t._system = SYSTEM_TABLES
-            try:
-                with _collector_paused():
-                    done = _step(db, t)
-                    if done is None:
-                        t.abort()
-                        return 0
-                    info = t.commit()
-            except TransactionConflict:
-                t.abort()
-                backoff(attempt, cap_s=0.05, base_s=0.001)
-                continue
-            except BaseException:
-                t.abort()
-                raise
-            assert info.ts is not None
-            with st.lock:
-                if info.ts not in db.shared_commits:  # (committed alone: no one's intents at that time)
-                    st.steps.append(info.ts)
-                for i, epoch, ok, why in zip(done.ids, done.epochs, done.committed, done.reasons, strict=True):
-                    st.known[i] = Outcome(i, epoch, ok, info.ts, why)
-                while len(st.known) > KNOWN_OUTCOMES:
-                    st.known.popitem(last=False)
-            return len(done.ids)
-    raise TransactionConflict(f"resolving intents conflicted {max_attempts} times in a row; try again")
+        return retry_until(
+            attempt,
+            retry_on=TransactionConflict,
+            deadline_s=RESOLVE_DEADLINE_S,
+            max_attempts=max_attempts,
+            gave_up=conflict_gave_up("resolving intents (try again)"),
+            base_s=0.001,
+            cap_s=0.05,
+        )
 
 
 @contextlib.contextmanager
