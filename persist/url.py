@@ -8,6 +8,9 @@ Accepted forms::
                                                 such as file://tmp/x is refused: it is not a path)
     s3://BUCKET[/PREFIX][?endpoint_url=URL&region=REGION]
                                                 S3 or an S3-compatible store
+    s3model+file:///ABSOLUTE/PATH[?latency_ms=MS&cas_per_key_s=N]
+                                                a local directory behind a model of S3's
+                                                latency and throttling (benchmarks: persist.s3model)
 
 Each scheme is registered (:func:`register_scheme`) with an opener and the
 forms to list in error messages; mem, file and s3 are registered here, and
@@ -409,6 +412,32 @@ def _open_s3(u: LocationURL) -> Location:
     return Location(u.url, blob, consensus)
 
 
+def _s3model_target(u: LocationURL) -> tuple[Path, dict[str, float]]:
+    from persist.s3model import parse_params
+
+    path, _, query = u.rest.partition("?")
+    root = _file_path(LocationURL(u.url, u.scheme, path))
+    try:
+        return root, parse_params(query)
+    except ValueError as e:
+        raise u.invalid(str(e)) from None
+
+
+def _check_s3model(u: LocationURL) -> None:
+    _s3model_target(u)
+
+
+def _open_s3model(u: LocationURL) -> Location:
+    from persist.s3model import open_s3model
+
+    root, params = _s3model_target(u)
+    try:
+        blob, consensus = open_s3model(root, **params)
+    except (Determinate, OSError) as e:
+        raise InvalidUsage(f"cannot create the directory {str(root)!r} for {redact(u.url)!r}: {e}") from e
+    return Location(u.url, blob, consensus)
+
+
 register_scheme("mem", _open_mem, forms="mem://NAME", process_local=True, check=_check_mem)
 register_scheme("file", _open_file, forms="file://PATH", check=_check_file, local_path=_file_path)
 register_scheme(
@@ -416,4 +445,11 @@ register_scheme(
     _open_s3,
     forms="s3://BUCKET[/PREFIX][?endpoint_url=URL&region=REGION]",
     check=_check_s3,
+)
+register_scheme(
+    "s3model+file",
+    _open_s3model,
+    forms="s3model+file://PATH[?latency_ms=MS&cas_per_key_s=N]",
+    check=_check_s3model,
+    local_path=lambda u: _s3model_target(u)[0],
 )
