@@ -68,6 +68,7 @@ import inspect
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
@@ -147,6 +148,8 @@ RUN_DEADLINE_S = 60.0
 """How long ``db.run`` (and ``run_batch``, intent resolution) retry a transaction that keeps conflicting."""
 RUN_BACKOFF_CAP_S = 0.2
 """The longest pause ``db.run`` takes between two attempts (jittered, growing from about 1 ms)."""
+QUEUE_AFTER_LOST_S = 1.0
+"""After a write-only group loses a race to another process, write-only groups queue for this long."""
 UNCERTAIN_RETRIES = 3
 """A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
 AUTO_COMPACT_BYTES = 8 << 20
@@ -369,6 +372,7 @@ class Database:
         self.shared_commits: deque[int] = deque(maxlen=256)  # recent times at which a group of 2+ committed
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
+        self._queue_until = 0.0  # write-only groups go straight to the queue until then (contended)
         #: intents submitted and resolved through this object (txns.db.intents)
         self.intent_state = IntentState()
         # (init_ts: the upper of a txns shard still empty, a creator's that crashed, moves past the clock)
@@ -1020,6 +1024,11 @@ class Database:
         expected an upper that has passed).
         """
         cache = self.handle.cache
+        if all(not q.reads for q in members if not q.done) and time.monotonic() < self._queue_until:
+            # Contended (a write-only group of this process lost a race lately): straight to the
+            # cross-process queue, where one sequencer commits everyone's, instead of losing again.
+            self._commit_queued([q for q in members if not q.done])
+            return
         tidy = self._applier.take_tidy()
         group: list[_Pending] | None = None
         base: Txn | None = None
@@ -1048,7 +1057,9 @@ class Database:
                     group = None  # re-validate, re-form
                     continue
                 # A write-only group lost a race with another process: queue it
-                # (txns.group_commit), so contending processes share writes.
+                # (txns.group_commit), so contending processes share writes; and the
+                # next ones too, for QUEUE_AFTER_LOST_S.
+                self._queue_until = time.monotonic() + QUEUE_AFTER_LOST_S
                 self._commit_queued(group)
                 return
             except Indeterminate as e:

@@ -1,0 +1,214 @@
+"""Many processes, one database (issue #25): total commits/s, latency, lost races, requests and CPU per commit.
+
+Two workloads, N spawned worker processes each (the window starts when all
+are connected and ready, and every process runs inside the same window):
+
+- ``events`` (no collapse): each process loops
+  ``with db.transaction() as t: t.insert("events", [{"id": ...}])``.
+- ``transfer`` (no starvation): each process loops ``db.run(transfer)`` on
+  a keyed table of 6 accounts (read two balances, refuse an overdraft with
+  ``txns.Abort``, upsert both): the workload of
+  ``tests/db/test_starvation.py``; reported: calls/s, p99 and max latency,
+  most attempts, how often a call took the run turn, and calls that gave up.
+
+Stores: ``moto`` (moto's S3 server in a child process, over HTTP),
+``file`` (a local directory) and ``s3model`` (the file store behind
+:mod:`persist.s3model`: 60 ms per request, 15 conditional writes/s per
+key, no CPU). Every store is opened through a counting wrapper
+(``counted+s3://``, ``counted+file://``, registered here; the model counts
+itself), so per committed transaction the table gives: lost races
+(compare-and-sets answered MISMATCH), storage requests (calls of the
+backend API; on S3 a consensus ``head`` is 2 HTTP requests) and the CPU
+milliseconds of the worker processes (``time.process_time``, their
+background threads included; moto's server process is not included).
+
+Run: ``.venv/bin/python benchmarks/bench_contention.py`` (all stores, 1, 2,
+4, 8, 16 processes, 8 s windows: about 15 minutes);
+``--stores file --procs 1,4,8 --seconds 5`` for a quick look;
+``--workload transfer --procs 3,8,16`` for the starvation numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import moto_server, new_bucket_url, print_table
+
+import txns
+from persist.unreliable import Counters, CountingBlob, CountingConsensus, Op
+from persist.url import Location, LocationURL, open_location, register_scheme, schemes
+from tests.db.test_starvation import ACCOUNTS, TABLE, make_bank
+
+
+def _open_counted(u: LocationURL) -> Location:
+    inner = open_location(u.url[len("counted+") :])
+    counters = Counters()
+    return Location(u.url, CountingBlob(inner.blob, counters), CountingConsensus(inner.consensus, counters))
+
+
+for _inner in ("s3", "file"):
+    if f"counted+{_inner}" not in schemes():
+        register_scheme(f"counted+{_inner}", _open_counted, forms=f"counted+{_inner}://...")
+
+
+def _counts(db: txns.Database) -> tuple[int, int]:
+    """(storage calls, CAS mismatches) so far through ``db``'s counting wrapper."""
+    consensus = db.client.consensus
+    if not isinstance(consensus, CountingConsensus):
+        return 0, 0
+    snap = consensus.counters.snapshot()
+    return sum(s.calls for s in snap.values()), snap[Op.CAS].mismatches if Op.CAS in snap else 0
+
+
+def _model_requests(db: txns.Database) -> int:
+    model = getattr(db.client.consensus, "model", None)
+    return int(model.requests) if model is not None else 0
+
+
+def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
+    rng = random.Random(wid)
+    db = txns.connect(url)
+    if workload == "transfer":  # (warm the process's caches outside the window)
+        db.table(TABLE).to_arrow()
+    ready.put(wid)
+    go.wait()
+    calls0, lost0 = _counts(db)
+    req0 = _model_requests(db)
+    cpu0 = time.process_time()
+    lat: list[float] = []
+    attempts: list[int] = []
+    aborted = gave_up = errors = 0
+    n = 0
+    while not stop.is_set():
+        s = time.perf_counter()
+        try:
+            if workload == "events":
+                with db.transaction() as t:
+                    t.insert("events", [{"id": f"{wid}-{n}"}])
+            else:
+                src, dst = rng.sample(ACCOUNTS, 2)
+                amount = rng.randint(1, 40)
+
+                def transfer(t: txns.Transaction, src: str = src, dst: str = dst, amount: int = amount) -> None:
+                    a, b = t.get(TABLE, src), t.get(TABLE, dst)
+                    if a["balance"] < amount:
+                        raise txns.Abort("overdraft")
+                    t.upsert(TABLE, [{"account": src, "balance": a["balance"] - amount},
+                                     {"account": dst, "balance": b["balance"] + amount}])
+
+                try:
+                    attempts.append(db.run(transfer).attempts)
+                except txns.Abort:
+                    aborted += 1
+        except txns.TransactionConflict:
+            gave_up += 1
+            continue
+        except Exception:  # noqa: BLE001 - counted and reported
+            errors += 1
+            continue
+        n += 1
+        if not stop.is_set():
+            lat.append(time.perf_counter() - s)
+    cpu = time.process_time() - cpu0
+    calls1, lost1 = _counts(db)
+    turns = db._run_turns.taken
+    out.put({"lat": lat, "cpu": cpu, "calls": calls1 - calls0, "lost": lost1 - lost0,
+             "requests": _model_requests(db) - req0, "attempts": attempts, "aborted": aborted,
+             "gave_up": gave_up, "errors": errors, "turns": turns})
+    db.close()
+
+
+def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, Any]:
+    db = txns.connect(url)
+    if workload == "events":
+        db.create_table("events", pa.schema([("id", pa.string())]))
+    db.close()
+    if workload == "transfer":
+        make_bank(url)
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, stop, out = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Queue()
+    ps = [ctx.Process(target=_worker, args=(url, workload, i, ready, go, stop, out)) for i in range(procs)]
+    for p in ps:
+        p.start()
+    for _ in ps:
+        ready.get(timeout=600)
+    time.sleep(0.5)
+    go.set()
+    time.sleep(seconds)
+    stop.set()
+    rs = [out.get(timeout=900) for _ in ps]
+    for p in ps:
+        p.join(120)
+        if p.is_alive():
+            p.kill()
+    lat = sorted(x for r in rs for x in r["lat"])
+    n = len(lat)
+    done = max(1, sum(len(r["lat"]) for r in rs))
+    calls = sum(r["calls"] for r in rs) or sum(r["requests"] for r in rs)
+    return {
+        "per_s": n / seconds,
+        "p50": 1000 * lat[n // 2] if n else float("nan"),
+        "p99": 1000 * lat[min(n - 1, int(n * 0.99))] if n else float("nan"),
+        "max": 1000 * lat[-1] if n else float("nan"),
+        "lost": sum(r["lost"] for r in rs) / done,
+        "calls": calls / done,
+        "cpu_ms": 1000 * sum(r["cpu"] for r in rs) / done,
+        "attempts": max((a for r in rs for a in r["attempts"]), default=0),
+        "aborted": sum(r["aborted"] for r in rs),
+        "gave_up": sum(r["gave_up"] for r in rs),
+        "errors": sum(r["errors"] for r in rs),
+        "turns": sum(r["turns"] for r in rs),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--stores", default="file,s3model,moto")
+    p.add_argument("--procs", default="1,2,4,8,16")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--workload", choices=("events", "transfer"), default="events")
+    p.add_argument("--latency-ms", type=float, default=60.0, help="the S3 model's latency per request")
+    p.add_argument("--cas-per-key-s", type=float, default=15.0, help="the S3 model's cap per key")
+    a = p.parse_args()
+    rows = []
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-contention-"))
+        endpoint = stack.enter_context(moto_server()) if "moto" in a.stores else ""
+        for store in a.stores.split(","):
+            base = None
+            for n in [int(x) for x in a.procs.split(",")]:
+                case = f"{tmp}/{store}-{a.workload}-{n}"
+                url = {
+                    "file": f"counted+file://{case}",
+                    "s3model": f"s3model+file://{case}?latency_ms={a.latency_ms:g}&cas_per_key_s={a.cas_per_key_s:g}",
+                    "moto": "counted+" + new_bucket_url(endpoint, f"{a.workload}-{n}") if endpoint else "",
+                }[store]
+                r = run_case(url, a.workload, n, a.seconds)
+                base = base or r["per_s"]
+                print(f"  {store} {n}: {r}", flush=True)
+                rows.append([store, n, f"{r['per_s']:.1f}", f"{r['per_s'] / base:.2f}", f"{r['p50']:.0f}",
+                             f"{r['p99']:.0f}", f"{r['max']:.0f}", f"{r['lost']:.2f}", f"{r['calls']:.1f}",
+                             f"{r['cpu_ms']:.1f}", r["attempts"], r["turns"], r["gave_up"], r["errors"]])
+    print_table(
+        ["store", "procs", "commits/s", "x 1 proc", "p50 ms", "p99 ms", "max ms", "lost races/commit",
+         "requests/commit", "CPU ms/commit", "most attempts", "turns taken", "gave up", "errors"],
+        rows,
+        title=f"{a.workload}: {a.seconds:g} s windows, load {os.getloadavg()[0]:.1f}",
+    )
+
+
+if __name__ == "__main__":
+    main()
