@@ -21,6 +21,11 @@ Storage is moto S3 in a child process, optionally behind
 request and ``--cas-per-key-s`` conditional PUTs per key per second (the
 real-S3 model of issue #13: ``--latency-ms 60 --cas-per-key-s 15``).
 
+``--store s3model`` runs on :mod:`persist.s3model` instead (the file store
+with ``--latency-ms`` slept per request and ``--cas-per-key-s`` conditional
+writes per key per second, shared by the processes; no CPU spent on the
+model): ``--store s3model --latency-ms 60 --cas-per-key-s 15``.
+
 Run: ``.venv/bin/python benchmarks/bench_group_commit_procs.py`` (about 3
 minutes; ``--quick`` for 1 and 4 processes, 5 s windows).
 """
@@ -31,6 +36,7 @@ import argparse
 import multiprocessing
 import os
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -76,10 +82,14 @@ def _worker(
     errors = [0] * threads
     ready.put(worker)
 
+    cpu: list[float] = []
+
     def run(t: int) -> None:
         h = handles[t] if mode == "direct" else handles[0]
         n = 0
         go.wait()
+        if t == 0:
+            cpu.append(time.process_time())
         while not stop.is_set():
             s = time.perf_counter()
             try:
@@ -103,7 +113,9 @@ def _worker(
         th.start()
     for th in ths:
         th.join()
+    cpu_s = time.process_time() - cpu[0] if cpu else 0.0
     stats = {
+        "cpu_s": cpu_s,
         "queued": group.queued if group else 0,
         "grouped": group.grouped if group else 0,
         "rounds": group.rounds if group else 0,
@@ -152,6 +164,7 @@ def run_case(url: str, mode: str, procs: int, threads: int, seconds: float) -> d
         "errors": sum(r[1] for r in results),
         "queued": sum(r[2]["queued"] for r in results),
         "grouped": sum(r[2]["grouped"] for r in results),
+        "cpu ms/txn": 1000 * sum(r[2]["cpu_s"] for r in results) / max(1, n),
     }
 
 
@@ -178,32 +191,45 @@ def main() -> None:
     p.add_argument("--cas-per-key-s", type=int, default=None)
     p.add_argument("--modes", default="direct,group,queue")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--store", choices=("moto", "s3model"), default="moto",
+                   help="s3model: persist.s3model over a temporary directory (latency and cap by the two options)")
     a = p.parse_args()
     procs = [int(x) for x in ("1,4" if a.quick else a.procs).split(",")]
     seconds = 5.0 if a.quick else a.seconds
     with ExitStack() as stack:
-        endpoint = stack.enter_context(moto_server())
-        if a.latency_ms or a.cas_per_key_s:
+        if a.store == "s3model":
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gc-"))
+            cases = iter(range(10**6))
+
+            def new_url() -> str:
+                return (f"s3model+file://{tmp}/{next(cases)}?latency_ms={a.latency_ms:g}"
+                        f"&cas_per_key_s={a.cas_per_key_s or 0}")
+        else:
+            endpoint = stack.enter_context(moto_server())
+
+            def new_url() -> str:
+                return new_bucket_url(endpoint)
+        if a.store == "moto" and (a.latency_ms or a.cas_per_key_s):
             plan = FaultPlan(latency_s=a.latency_ms / 1000, conditional_puts_per_key_s=a.cas_per_key_s)
             proxy = stack.enter_context(FaultProxy(endpoint, faults=plan))
             endpoint = proxy.url
-        floor = cas_floor(new_bucket_url(endpoint), min(seconds, 5.0))
+        floor = cas_floor(new_url(), min(seconds, 5.0))
         print(f"floor: {floor:.1f} conditional PUTs/s on one key from one process", flush=True)
         rows = []
         base: dict[str, float] = {}
         for n in procs:
             for mode in a.modes.split(","):
-                r = run_case(new_bucket_url(endpoint), mode, n, a.threads, seconds)
+                r = run_case(new_url(), mode, n, a.threads, seconds)
                 base.setdefault(mode, r["txns/s"])
                 print(f"  {mode} {n}x{a.threads}: {r}", flush=True)
                 rows.append([
                     mode, f"{n} x {a.threads}", f"{r['txns/s']:.1f}", f"{r['txns/s'] / base[mode]:.2f}",
                     f"{r['txns/s'] / floor:.2f}", f"{r['p50 ms']:.0f} / {r['p99 ms']:.0f}",
-                    f"{r['txns per version']:.2f}", r["queued"], r["errors"],
+                    f"{r['txns per version']:.2f}", f"{r['cpu ms/txn']:.1f}", r["queued"], r["errors"],
                 ])  # fmt: skip
         print_table(
             ["mode", "procs x threads", "txns/s", "vs 1 proc", "vs floor", "p50 / p99 ms", "txns per version",
-             "queued", "errors"],
+             "CPU ms/txn", "queued", "errors"],
             rows,
             title=f"one txns shard, {seconds:g} s windows, latency {a.latency_ms:g} ms, "
             f"CAS cap {a.cas_per_key_s or '-'}/key/s; floor {floor:.1f} CAS/s",

@@ -26,6 +26,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ from common import load, moto_server, open_counted, print_table, total
 
 from persist import Schema, ShardId
 from persist.fault_proxy import FaultPlan, FaultProxy
+from persist.url import open_location
 from txns import Tidy, TxnsHandle
 
 SCHEMA = Schema(key=pa.schema([("k", pa.int64())]), val=pa.schema([("v", pa.string())]))
@@ -114,9 +116,28 @@ def main() -> None:
     p.add_argument("--tables", type=int, nargs="+", default=[1, 10, 100, 1000])
     p.add_argument("--rounds", type=int, default=5, help="measured rounds per K (default 5)")
     p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--store", choices=("moto", "s3model"), default="moto",
+                   help="s3model: persist.s3model over a temporary directory (--latency-ms per request, no cap)")
     a = p.parse_args()
-    print(f"bench_readable: K tables per commit, moto S3 + {a.latency_ms:g} ms per request; {load()}", flush=True)
+    where = "persist.s3model" if a.store == "s3model" else "moto S3"
+    print(f"bench_readable: K tables per commit, {where} + {a.latency_ms:g} ms per request; {load()}", flush=True)
     rows = []
+    if a.store == "s3model":
+        with tempfile.TemporaryDirectory(prefix="bench-readable-") as tmp:
+            model = f"?latency_ms={a.latency_ms:g}&cas_per_key_s=0"
+            consensus = open_location(f"s3model+file://{tmp}/floor{model}").consensus
+            times = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                consensus.compare_and_set(uuid.uuid4().hex, None, b"x" * 1024)
+                times.append((time.perf_counter() - t0) * 1000)
+            floor = statistics.median(times)
+            for k in a.tables:
+                r = run(f"s3model+file://{tmp}/{k}{model}", k, a.rounds if k < 1000 else max(2, a.rounds // 2))
+                rows.append(_row(k, r, floor))
+                print(f"  K={k}: {rows[-1]}", flush=True)
+        _print(rows, floor)
+        return
     with moto_server() as endpoint:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
         with FaultProxy(endpoint, seed=1, faults=FaultPlan(latency_s=a.latency_ms / 1000)) as proxy:
@@ -124,18 +145,17 @@ def main() -> None:
             for k in a.tables:
                 url = f"s3://{BUCKET}/{uuid.uuid4().hex}?endpoint_url={proxy.url}&region=us-east-1"
                 r = run(url, k, a.rounds if k < 1000 else max(2, a.rounds // 2))
-                rows.append(
-                    [
-                        k,
-                        f"{r['durable']:.0f}",
-                        f"{r['readable']:.0f}",
-                        f"{r['returned']:.0f}",
-                        f"{r['readable'] / r['durable']:.1f}x",
-                        f"{r['durable'] / floor:.1f}x",
-                        f"{r['requests']:.0f}",
-                    ]
-                )
+                rows.append(_row(k, r, floor))
                 print(f"  K={k}: {rows[-1]}", flush=True)
+    _print(rows, floor)
+
+
+def _row(k: int, r: dict[str, float], floor: float) -> list[object]:
+    return [k, f"{r['durable']:.0f}", f"{r['readable']:.0f}", f"{r['returned']:.0f}",
+            f"{r['readable'] / r['durable']:.1f}x", f"{r['durable'] / floor:.1f}x", f"{r['requests']:.0f}"]
+
+
+def _print(rows: list[list[object]], floor: float) -> None:
     print_table(
         ["tables (K)", "durable ms", "readable ms", "apply returned ms", "readable / durable", "durable / floor",
          "requests per round"],
