@@ -55,11 +55,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from persist import Attempts, InvalidUsage, PersistClient, retry_until
+from persist import Attempts, InvalidUsage, PersistClient
 from txns.db.arrow_io import NOT_ARROW, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import Abort, DatabaseNotFound, InvalidPrimaryKey, TransactionConflict
-from txns.db.fairness import check_deadline, conflict_gave_up
+from txns.db.fairness import check_deadline, retry_conflicts
 from txns.db.keyed import keys_from_values, require_keyed
 from txns.db.root import read_root
 from txns.resolve.repair import DELETE, BatchContext, Execution, Key, RepairResult, Row, Write, execute, repair
@@ -407,14 +407,9 @@ def run_batch(
             repairs_per_fn=reps,
         )
 
-    return retry_until(
-        attempt,
-        retry_on=TransactionConflict,
-        deadline_s=check_deadline(deadline_s, RUN_DEADLINE_S),
-        max_attempts=max_attempts,
-        gave_up=conflict_gave_up("run_batch, each attempt repairing what had changed,"),
-        base_s=0.0005,
-        cap_s=BATCH_BACKOFF_CAP_S,
+    return retry_conflicts(
+        attempt, what="run_batch, each attempt repairing what had changed,",
+        deadline_s=check_deadline(deadline_s, RUN_DEADLINE_S), max_attempts=max_attempts, cap_s=BATCH_BACKOFF_CAP_S,
     )
 
 

@@ -93,7 +93,6 @@ from persist import (
     SnapshotPlan,
     backoff,
     replan,
-    retry_until,
 )
 from persist.url import redact
 from txns.commits import COMMITS_SCHEMA, commits_shard_id
@@ -102,7 +101,7 @@ from txns.db.applier import Applier
 from txns.db.batch import BatchFn, BatchResult, run_batch
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry, check_name
 from txns.db.errors import DatabaseNotFound, TableNotFound, TransactionConflict
-from txns.db.fairness import PRIORITY_AFTER, RunTurns, check_deadline, conflict_gave_up
+from txns.db.fairness import PRIORITY_AFTER, RunTurns, check_deadline, retry_conflicts
 from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
 from txns.db.oracle import ISOLATION_LEVELS, LocalOracle, SharedOracle, TimestampOracle, check_isolation
 from txns.db.pool import each, in_pool, pool
@@ -804,15 +803,9 @@ class Database:
                 mine.append(turns.turn())
 
         try:
-            return retry_until(
-                attempt,
-                retry_on=TransactionConflict,
-                deadline_s=deadline,
-                max_attempts=max_attempts,
-                gave_up=conflict_gave_up("run"),
+            return retry_conflicts(
+                attempt, what="run", deadline_s=deadline, max_attempts=max_attempts, cap_s=RUN_BACKOFF_CAP_S,
                 on_retry=on_retry,
-                base_s=0.0005,
-                cap_s=RUN_BACKOFF_CAP_S,
             )
         finally:
             if mine:

@@ -33,11 +33,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
-from persist import Attempts, InvalidUsage
+from persist import Attempts, InvalidUsage, retry_until
 from txns.db.errors import TransactionConflict
 from txns.group_commit import SequencerLease
 from txns.handle import TxnsHandle
+
+T = TypeVar("T")
 
 PRIORITY_AFTER = 3
 """After this many conflicts a ``db.run`` call takes the run turn."""
@@ -65,6 +68,29 @@ def conflict_gave_up(what: str) -> Callable[[BaseException, Attempts], BaseExcep
         return TransactionConflict(f"{last} ({what} gave up {state.describe()})", attempts=state.number)
 
     return gave_up
+
+
+def retry_conflicts(
+    attempt: Callable[[Attempts], T],
+    *,
+    what: str,
+    deadline_s: float,
+    max_attempts: int | None,
+    cap_s: float,
+    base_s: float = 0.0005,
+    on_retry: Callable[[BaseException, Attempts], None] | None = None,
+) -> T:
+    """``attempt`` retried on ``TransactionConflict`` by :func:`persist.retry_until`; gives up as ``what``."""
+    return retry_until(
+        attempt,
+        retry_on=TransactionConflict,
+        deadline_s=deadline_s,
+        max_attempts=max_attempts,
+        gave_up=conflict_gave_up(what),
+        on_retry=on_retry,
+        base_s=base_s,
+        cap_s=cap_s,
+    )
 
 
 def turn_key(txns_id: str) -> str:
@@ -123,5 +149,6 @@ __all__ = [
     "RunTurns",
     "check_deadline",
     "conflict_gave_up",
+    "retry_conflicts",
     "turn_key",
 ]

@@ -102,11 +102,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist import Attempts, Indeterminate, InvalidUsage, backoff, retry_until
+from persist import Attempts, Indeterminate, InvalidUsage, backoff
 from txns.db.arrow_io import conform
 from txns.db.catalog import TableEntry, is_system_name
 from txns.db.errors import TableExists, TableNotFound, TransactionConflict
-from txns.db.fairness import conflict_gave_up
+from txns.db.fairness import retry_conflicts
 from txns.db.keyed import keys_from_values, require_keyed
 from txns.resolve import resolve
 
@@ -611,14 +611,9 @@ def resolve_intents(db: Database, max_attempts: int | None = RESOLVE_MAX_ATTEMPT
         return len(done.ids)
 
     with st.resolving:
-        return retry_until(
-            attempt,
-            retry_on=TransactionConflict,
-            deadline_s=RESOLVE_DEADLINE_S,
-            max_attempts=max_attempts,
-            gave_up=conflict_gave_up("resolving intents (try again)"),
-            base_s=0.001,
-            cap_s=0.05,
+        return retry_conflicts(
+            attempt, what="resolving intents (try again)", deadline_s=RESOLVE_DEADLINE_S,
+            max_attempts=max_attempts, base_s=0.001, cap_s=0.05,
         )
 
 
