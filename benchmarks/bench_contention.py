@@ -1,4 +1,4 @@
-"""Many processes, one database (issue #25): total commits/s, latency, lost races, requests and CPU per commit.
+"""Many processes, one database: total commits/s, latency, lost races, requests and CPU per commit.
 
 Two workloads, N spawned worker processes each (the window starts when all
 are connected and ready, and every process runs inside the same window):

@@ -53,7 +53,7 @@ T = TypeVar("T")
 DEFAULT_LATENCY_MS = 60.0
 """S3's typical first-byte latency for small objects, per request."""
 DEFAULT_CAS_PER_KEY_S = 15.0
-"""Conditional writes per second per key S3 sustains before answering ``SlowDown`` (issue #13's model)."""
+"""Conditional writes per second per key S3 sustains before answering ``SlowDown``."""
 THROTTLE_RETRIES = 2
 """A throttled conditional write is tried this many more times (boto's standard mode: 3 attempts in all)."""
 _TWO_REQUESTS = frozenset({Op.HEAD, Op.SCAN, Op.TRUNCATE})

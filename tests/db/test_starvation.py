@@ -1,6 +1,6 @@
 """No starvation: ``db.run`` read-then-write transactions on a few hot keys all commit (txns.db.fairness).
 
-The bank workload of issue #25: a keyed table of 6 accounts; each call of
+The bank workload: a keyed table of 6 accounts; each call of
 ``db.run(transfer)`` reads two balances, refuses an overdraft with
 ``txns.Abort`` and upserts both. N spawned processes each make a fixed
 number of calls on ``file://``. Every call must end (committed or
