@@ -197,8 +197,8 @@ def _footer_int_bounds(meta: pq.FileMetaData, t: pa.DataType) -> tuple[Bound | N
 
 def _decoded_bounds(parquet: pq.ParquetFile, first: pa.Field) -> tuple[Bound | None, Bound | None]:
     """Bounds of the first column, decoded a batch at a time."""
-    if not _parts.bounded_type(first.type):
-        return None, None
+    if not _parts.bounded_type(first.type) or parquet.metadata.num_row_groups == 0:
+        return None, None  # (no row groups: pyarrow before 19 refuses to iterate such a file)
     ends: list[pa.Scalar] = []
     for batch in parquet.iter_batches(batch_size=FILE_BATCH_ROWS, columns=[first.name]):
         column = batch.column(0)

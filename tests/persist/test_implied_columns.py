@@ -118,3 +118,18 @@ def test_integer_bounds_come_from_the_footer_without_decoding(tmp_path: Path, mo
     assert (describe_file("s/parts/0-x", path).lo, describe_file("s/parts/0-x", path).hi) == (-3, 9)
     pq.write_table(pa.table({"k": pa.array([], pa.int64())}), path)
     assert (describe_file("s/parts/0-x", path).lo, describe_file("s/parts/0-x", path).hi) == (None, None)
+
+
+@pytest.mark.parametrize("key_type", [pa.string(), pa.int64()])
+def test_describe_file_of_a_file_without_row_groups(tmp_path: Path, key_type: pa.DataType) -> None:
+    """Spark writes an empty task's output as a Parquet file with no row group at all: no rows, no bounds.
+
+    (pyarrow before 19 raised on iterating such a file, which failed a native write on the oldest
+    pyarrow the dependency range allows.)
+    """
+    path = tmp_path / "empty.parquet"
+    pq.ParquetWriter(path, pa.schema([("k", key_type), ("v", pa.int64())])).close()
+    assert pq.ParquetFile(path).metadata.num_row_groups == 0
+    ref = describe_file("s/parts/0-x", path)
+    data = path.read_bytes()
+    assert (ref.rows, ref.size, ref.crc, ref.lo, ref.hi) == (0, len(data), crc32c(data), None, None)
