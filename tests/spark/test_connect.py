@@ -99,5 +99,13 @@ def test_tables_by_name_through_spark_connect(tmp_path: Path) -> None:
     assert accounts == {"alice": 100, "bob": 6, "dave": 1}
     orders = Counter((r["id"], r["account"]) for r in db.table("orders").to_arrow().to_pylist())
     assert orders == Counter({(1, "alice"): 1, (2, "carol"): 1, (3, "bob"): 1, (4, "alice"): 1})
+    # (this long-lived handle was idle while the child worked: issue 24's overwrite read back empty here)
     assert db.table("scratch").to_arrow().to_pylist() == [{"account": "carol", "balance": 7}]
+    # every commit of the session lands whole: each one reads as a state the writes allow
+    allowed = [[], [("old", 0)], [("carol", 7), ("old", 0)], [("carol", 7)]]
+    with txns.connect(url, create=False) as fresh:
+        for ts in fresh.history("scratch").column("ts").to_pylist():
+            got = sorted((r["account"], r["balance"]) for r in fresh.table("scratch").to_arrow(ts).to_pylist())
+            assert got in allowed, (ts, got)
+            assert got == sorted((r["account"], r["balance"]) for r in db.table("scratch").to_arrow(ts).to_pylist())
     db.close()

@@ -32,10 +32,15 @@ Streaming (each micro-batch committed exactly once)::
    it conflict, and it is run again (same batch, ``keep_on_abort``) up to
    :data:`OVERWRITE_ATTEMPTS` times. A table dropped or renamed since
    planning (its data shard id changed) fails with ``TableNotFound``.
-   ``abort`` (or a commit that fails for sure) deletes the parts; a commit
-   whose outcome is unknown (``persist.Indeterminate``) keeps them (it may
-   have landed; ``db.history()`` tells). Parts of failed task attempts are
-   left for ``PersistClient.gc_leaked``.
+   A commit that fails for sure deletes the parts; a commit whose outcome is
+   unknown (``persist.Indeterminate``) keeps them (it may have landed;
+   ``db.history()`` tells). Every task must have reported its message, or
+   nothing is committed (``InvalidUsage``): never some tasks' rows alone.
+   ``abort`` (Spark calls it when the job failed, and also after a
+   ``commit`` that raised) deletes the parts only when the table's history
+   holds no commit of this write (``Target.write_id``, planned once and in
+   the commit's metadata); when it cannot tell it keeps them. Parts of
+   failed task attempts are left for ``PersistClient.gc_leaked``.
 
 Save modes: Spark gives Python data sources only ``append`` (overwrite=False)
 and ``overwrite`` (overwrite=True); ``errorifexists`` (Spark's default) and
@@ -69,6 +74,9 @@ and the same input offsets; our commit may or may not have landed.
   (truncating first in complete output mode) and upsert the progress row to
   ``batchId``; commit. A ``TransactionConflict`` (a concurrent committer of
   the same sink, or a write racing a truncate) runs the check again.
+- ``abort(messages, batchId)`` (after a failed job, or a ``commit`` that
+  raised and may have landed) deletes the parts only while the sink's
+  progress is below ``batchId``; when it cannot tell it keeps them.
 
 Invariants: (1) the data of batch ``b`` and the progress row ``b`` are
 committed by the same commit, so the table holds a batch's rows iff progress
@@ -139,6 +147,8 @@ class Target:
     data_id: str
     schema_text: str
     part_target_bytes: int
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This write's identity, in its commit's metadata: ``abort`` looks it up (see :func:`abort_parts`)."""
 
 
 def _connect(url: str) -> Database:
@@ -221,6 +231,15 @@ def gather(target: Target, messages: Sequence[WriterCommitMessage | None]) -> tu
     and recreated since planning) raises TableNotFound.
     """
     msgs = [m for m in messages if isinstance(m, PartsMessage)]
+    if len(msgs) != len(messages):
+        # (Spark commits only when every task succeeded, each with its message: a task without one
+        # would have its rows silently left out of the commit)
+        bad = sorted({type(m).__name__ for m in messages if not isinstance(m, PartsMessage)})
+        abort_parts(target, msgs)
+        raise InvalidUsage(
+            f"write to table {target.table!r}: {len(messages) - len(msgs)} of {len(messages)} task(s) reported "
+            f"no parts ({', '.join(bad)} instead of a PartsMessage); nothing was committed; write again"
+        )
     refs = part_refs([p for m in msgs for p in m.parts])
     for m in msgs:
         if m.data_id != target.data_id:
@@ -255,7 +274,7 @@ def _check_same_table(t: Transaction, target: Target) -> None:
 
 def commit_batch(target: Target, batch: Batch, rows: int, overwrite: bool) -> None:
     """Commit ``batch`` to the table in one transaction (truncating first if ``overwrite``); see the module doc."""
-    meta = {"spark": {"mode": "overwrite" if overwrite else "append", "rows": rows}}
+    meta = {"spark": {"mode": "overwrite" if overwrite else "append", "rows": rows, "write": target.write_id}}
     db = _connect(target.url)
     try:
         for attempt in range(1, OVERWRITE_ATTEMPTS + 1):
@@ -294,14 +313,40 @@ class TableWriter(DataSourceArrowWriter):
         commit_batch(self.target, batch, rows, self.overwrite)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_parts(self.target, messages)
+        abort_parts(self.target, messages, check=True)
 
 
-def abort_parts(target: Target, messages: Sequence[WriterCommitMessage | None]) -> None:
-    """Delete the parts the tasks reported (best effort)."""
+def abort_parts(target: Target, messages: Sequence[WriterCommitMessage | None], *, check: bool = False) -> None:
+    """Delete the parts the tasks reported (best effort); with ``check``, only if this write did not commit.
+
+    Spark calls ``abort`` when the job failed, and also when ``commit``
+    raised: a commit whose outcome was unknown (``Indeterminate``) may have
+    landed, and deleting its parts would lose committed rows. So ``abort``
+    (``check=True``) first looks for its write id in the table's history
+    and deletes nothing when it is there, or when the history cannot be read
+    (the parts are then left to ``PersistClient.gc_leaked``).
+    """
+    if check and not _surely_not_committed(target):
+        return
     for m in messages:
         if isinstance(m, PartsMessage) and m.parts:
             _delete(target.url, _batch(m.data_id, target.schema_text, part_refs(m.parts)))
+
+
+def _surely_not_committed(target: Target) -> bool:
+    """Whether the table's history (read now) holds no commit of ``target.write_id``; False if unreadable."""
+    try:
+        db = _connect(target.url)
+        try:
+            for text in db.history(target.table).column("metadata").to_pylist():
+                spark = json.loads(text or "{}").get("spark")
+                if isinstance(spark, dict) and spark.get("write") == target.write_id:
+                    return False
+        finally:
+            db.close()
+    except Exception:  # noqa: BLE001 - cannot tell (storage, a dropped table): keep the parts
+        return False
+    return True
 
 
 # ---- streaming -----------------------------------------------------------------------------------
@@ -354,7 +399,15 @@ def stream_progress(db: Database, sink: str) -> int | None:
 
 def commit_stream_batch(target: Target, sink: str, batch: Batch, rows: int, batch_id: int, overwrite: bool) -> bool:
     """Commit micro-batch ``batch_id`` exactly once (see the module doc); False if it was already committed."""
-    meta = {"spark": {"mode": "complete" if overwrite else "append", "rows": rows, "sink": sink, "batch": batch_id}}
+    meta = {
+        "spark": {
+            "mode": "complete" if overwrite else "append",
+            "rows": rows,
+            "sink": sink,
+            "batch": batch_id,
+            "write": target.write_id,
+        }
+    }
     check_writable(target.table, "write to")
     db = _connect(target.url)
     try:
@@ -413,7 +466,14 @@ class TableStreamWriter(DataSourceStreamArrowWriter):
         commit_stream_batch(self.target, self.sink, batch, rows, int(batchId), self.overwrite)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_parts(self.target, messages)
+        # (a commit that raised may have landed: then the sink's progress is at this batch, keep its parts)
+        try:
+            with _connect(self.target.url) as db:
+                progress = stream_progress(db, self.sink)
+        except Exception:  # noqa: BLE001 - cannot tell: keep the parts (PersistClient.gc_leaked)
+            return
+        if progress is None or progress < int(batchId):
+            abort_parts(self.target, messages)
 
 
 __all__ = [
