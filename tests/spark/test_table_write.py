@@ -65,6 +65,7 @@ def test_append_matches_python_inserts_one_commit_each(spark: SparkSession, db_u
     db = txns.connect(db_url)
     db.create_table("orders", ORDERS)
     db.create_table("twin", ORDERS)
+    writes: set[str] = set()
     for lo, hi in ((0, 40), (10, 20)):  # (10..20 again: a table without key keeps duplicates)
         before = len(db.history("orders"))
         save(frame(spark, rows(lo, hi)), db_url, "orders")
@@ -73,7 +74,11 @@ def test_append_matches_python_inserts_one_commit_each(spark: SparkSession, db_u
         h = db.history("orders").to_pylist()
         assert len(h) == before + 1  # one atomic commit per write
         assert h[0]["rows_added"] == hi - lo and h[0]["rows_retracted"] == 0
-        assert json.loads(h[0]["metadata"]) == {"spark": {"mode": "append", "rows": hi - lo}}
+        meta = json.loads(h[0]["metadata"])["spark"]
+        write = meta.pop("write")  # (each write's own id: its abort looks for it)
+        assert isinstance(write, str) and write not in writes
+        writes.add(write)
+        assert meta == {"mode": "append", "rows": hi - lo}
         assert contents(db, "orders") == contents(db, "twin")
     assert db.table("orders").count() == 40 + 10
 
