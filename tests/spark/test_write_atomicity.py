@@ -132,13 +132,15 @@ def test_batch_commit_that_landed_survives_abort(spark: SparkSession, db_url: st
     db.close()
 
 
-def test_gather_refuses_a_task_without_its_message(spark: SparkSession, db_url: str) -> None:
+def test_commit_refuses_a_message_that_is_not_its_parts(spark: SparkSession, db_url: str) -> None:
+    from pyspark.sql.datasource import WriterCommitMessage
+
     db = txns.connect(db_url)
     db.create_table("items", ITEMS)
     w = TableWriter({"url": db_url, "path": "items"}, schema_of(spark, SPARK_ITEMS), True)
     m = w.write(iter([arrow_rows(items(0, 2), ITEMS)]))
-    with pytest.raises(InvalidUsage, match="1 of 2 task"):
-        w.commit([m, None])
+    with pytest.raises(InvalidUsage, match="1 of 3 task"):
+        w.commit([m, None, WriterCommitMessage()])
     assert len(db.history("items")) == 1  # the create only: no overwrite without its rows
     db.close()
 

@@ -34,8 +34,9 @@ Streaming (each micro-batch committed exactly once)::
    planning (its data shard id changed) fails with ``TableNotFound``.
    A commit that fails for sure deletes the parts; a commit whose outcome is
    unknown (``persist.Indeterminate``) keeps them (it may have landed;
-   ``db.history()`` tells). Every task must have reported its message, or
-   nothing is committed (``InvalidUsage``): never some tasks' rows alone.
+   ``db.history()`` tells). A task message that is not this writer's
+   (neither its parts nor None, a task that wrote nothing) fails the commit
+   (``InvalidUsage``): never some tasks' rows alone.
    ``abort`` (Spark calls it when the job failed, and also after a
    ``commit`` that raised) deletes the parts only when the table's history
    holds no commit of this write (``Target.write_id``, planned once and in
@@ -231,14 +232,13 @@ def gather(target: Target, messages: Sequence[WriterCommitMessage | None]) -> tu
     and recreated since planning) raises TableNotFound.
     """
     msgs = [m for m in messages if isinstance(m, PartsMessage)]
-    if len(msgs) != len(messages):
-        # (Spark commits only when every task succeeded, each with its message: a task without one
-        # would have its rows silently left out of the commit)
-        bad = sorted({type(m).__name__ for m in messages if not isinstance(m, PartsMessage)})
+    odd = [m for m in messages if m is not None and not isinstance(m, PartsMessage)]
+    if odd:
+        # (None: a task that wrote nothing. Anything else is not ours: its rows would be left out)
         abort_parts(target, msgs)
         raise InvalidUsage(
-            f"write to table {target.table!r}: {len(messages) - len(msgs)} of {len(messages)} task(s) reported "
-            f"no parts ({', '.join(bad)} instead of a PartsMessage); nothing was committed; write again"
+            f"write to table {target.table!r}: {len(odd)} of {len(messages)} task(s) reported "
+            f"{type(odd[0]).__name__}, not the parts they wrote; nothing was committed; write again"
         )
     refs = part_refs([p for m in msgs for p in m.parts])
     for m in msgs:
