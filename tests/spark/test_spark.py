@@ -54,7 +54,7 @@ def part_keys(url: str, shard_id: str) -> list[str]:
     return list(open_location(url).blob.list_keys(f"{shard_id}/parts/"))
 
 
-def setup(url: str, schemas: dict[str, Schema], config: PersistConfig | None = None) -> TxnsHandle:
+def open_handle(url: str, schemas: dict[str, Schema], config: PersistConfig | None = None) -> TxnsHandle:
     handle = TxnsHandle.open(PersistClient.open(url, config), ShardId.new())
     handle.register(1, schemas)
     return handle
@@ -70,7 +70,7 @@ def new_ids(n: int) -> list[str]:
 def test_two_tables_written_from_dataframes_in_one_transaction(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     a, b = new_ids(2)
-    h = setup(url, {a: SA, b: SB})
+    h = open_handle(url, {a: SA, b: SB})
     txn = h.begin()
     txns.spark.write_dataframe(txn, a, spark.createDataFrame([(i, f"n{i}") for i in range(20)], A_DDL).repartition(3))
     txns.spark.write_dataframe(
@@ -102,7 +102,7 @@ def test_two_tables_written_from_dataframes_in_one_transaction(spark, tmp_path: 
 def test_executors_write_and_read_parts_over_s3(spark, s3_url_factory: Callable[..., str]) -> None:
     url = s3_url_factory()
     (a,) = new_ids(1)
-    h = setup(url, {a: SA})
+    h = open_handle(url, {a: SA})
     txn = h.begin()
     df = spark.range(0, 3000, numPartitions=4).selectExpr("id", "concat('n', cast(id % 7 as string)) as name")
     txns.spark.write_dataframe(txn, a, df)
@@ -115,7 +115,7 @@ def test_executors_write_and_read_parts_over_s3(spark, s3_url_factory: Callable[
 def test_crash_between_commit_and_apply_is_read_by_a_fresh_handle(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     (a,) = new_ids(1)
-    h = setup(url, {a: SA})
+    h = open_handle(url, {a: SA})
     txn = h.begin()
     txns.spark.write_dataframe(txn, a, spark.createDataFrame([(1, "x"), (2, "y")], A_DDL))
     txn.commit_at(h, 3)
@@ -146,7 +146,7 @@ def test_mismatched_dataframe_is_refused_before_anything_is_written(
 ) -> None:
     url = f"file://{tmp_path}/store"
     (a,) = new_ids(1)
-    h = setup(url, {a: SA})
+    h = open_handle(url, {a: SA})
     txn = h.begin()
     with pytest.raises(SchemaMismatch, match=match):
         txns.spark.write_dataframe(txn, a, spark.createDataFrame(rows, ddl))
@@ -157,7 +157,7 @@ def test_mismatched_dataframe_is_refused_before_anything_is_written(
 def test_value_that_does_not_fit_fails_the_write_with_schema_mismatch(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     (b,) = new_ids(1)
-    h = setup(url, {b: SB})
+    h = open_handle(url, {b: SB})
     df = spark.createDataFrame([("s1", -1, 1.0)], "sku string, qty long, price double")  # qty is a uint32
     with pytest.raises(SchemaMismatch, match=r"qty|uint32"):
         txns.spark.write_dataframe(h.begin(), b, df)
@@ -177,7 +177,7 @@ def test_spark_urls_must_reach_executors(spark, tmp_path: Path) -> None:
 def test_expand_gives_one_row_per_unit_and_refuses_negative_multiplicities(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     (a,) = new_ids(1)
-    h = setup(url, {a: SA})
+    h = open_handle(url, {a: SA})
     txn = h.begin()
     txns.spark.write_dataframe(
         txn, a, spark.createDataFrame([(1, "x", 3), (2, "y", 1), (3, "z", 1), (3, "z", -1)], A_DDL + ", diff long")
@@ -197,7 +197,7 @@ def test_expand_gives_one_row_per_unit_and_refuses_negative_multiplicities(spark
 def test_a_corrupt_part_is_never_read(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     (a,) = new_ids(1)
-    h = setup(url, {a: SA})
+    h = open_handle(url, {a: SA})
     txn = h.begin()
     txns.spark.write_dataframe(txn, a, spark.createDataFrame([(i, "x") for i in range(100)], A_DDL).coalesce(1))
     txn.commit_at(h, 2).apply(h)
@@ -223,7 +223,7 @@ def test_importing_txns_does_not_import_pyspark() -> None:
 def test_stream_resumes_from_its_checkpoint_without_duplicates_or_gaps(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     (a,) = new_ids(1)
-    h = setup(url, {a: SA})
+    h = open_handle(url, {a: SA})
     for ts, updates in [(2, [(i, 1) for i in range(5)]), (3, [(5, 1), (0, -1)])]:
         txn = h.begin()
         for i, d in updates:
@@ -275,7 +275,7 @@ def test_stream_resumes_from_its_checkpoint_without_duplicates_or_gaps(spark, tm
 def test_spark_compaction_preserves_reads_at_and_past_the_since(spark, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     (a,) = new_ids(1)
-    h = setup(url, {a: SA}, PersistConfig(compaction_enabled=False))
+    h = open_handle(url, {a: SA}, PersistConfig(compaction_enabled=False))
     rng = random.Random(5)
     for ts in range(2, 9):
         txn = h.begin()
@@ -338,7 +338,7 @@ def test_a_planned_snapshot_outlives_compaction_and_garbage_collection(spark, tm
     (a,) = new_ids(1)
     clock = [int(time.time() * 1000) + 60_000]  # (the hold is written on the real clock: keep near it)
     cfg = PersistConfig(compaction_enabled=False, inline_max_bytes=0, part_grace_s=1, clock_ms=lambda: clock[0])
-    h = setup(url, {a: SA}, cfg)
+    h = open_handle(url, {a: SA}, cfg)
     for ts in range(2, 6):
         txn = h.begin()
         txn.write(a, (ts,), (f"v{ts}",), 1)
