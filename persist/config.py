@@ -24,7 +24,7 @@ class PersistConfig:
       bytes of parts at once (bigger merges are for the Spark compaction job).
     - ``consensus_retention_s``: consensus versions younger than this are never
       truncated, and a handle re-reads the head before a compare-and-set whose
-      expectation is older than half of it (see design.md).
+      expectation is older than half of it (see docs/storage.md, "Consensus truncation").
     - ``part_grace_s``: parts replaced by compaction are deleted this long
       after, so reads planned against an older state can finish.
     - ``read_wait_s``: how long a read waits for the upper to pass its as_of.

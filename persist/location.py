@@ -119,7 +119,7 @@ class Consensus(ABC):
     ``truncate`` removes. Persist guarantees this with a time horizon: it
     truncates only versions written longer ago than its retention period and
     re-reads the head before any compare-and-set whose expectation is older
-    than half that period (see design.md, "Consensus truncation").
+    than half that period (see docs/storage.md, "Consensus truncation").
 
     Capabilities: class attributes a backend sets when it differs from the
     default (the default is the full contract above); wrappers forward those

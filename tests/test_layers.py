@@ -1,4 +1,4 @@
-"""The layering rules of design.md, checked on the source.
+"""The layering rules of docs/index.md ("Layers"), checked on the source.
 
 - Nothing outside ``persist`` imports ``persist._internal`` or a name that
   starts with ``_`` from persist, or reads a private attribute that only

@@ -1,6 +1,6 @@
 """TxnsHandle: register, commit, apply, tidy, forget, compact and read.
 
-Protocol (design.md, "txns", has the full story):
+Protocol (docs/txns-protocol.md has the full story):
 
 - commit at ``ts``: one compare-and-append on the txns shard over
   ``[upper, ts + 1)`` adding one entry per batch (and retracting tidied

@@ -44,7 +44,7 @@ expectation older than 4 s could re-create a version a worker truncated,
 which would be a finding about the harness, not the library.
 
 SUBTLE: ``txns gc --older-than S`` deletes unreferenced parts older than
-``S`` seconds, and its contract (design.md) is that every write commits
+``S`` seconds, and its contract (docs/crash-cases.md) is that every write commits
 within ``S`` of writing its parts. A pending transaction retried after a
 kill or an outage can be older than a second, so ``gc_older_than_s``
 defaults to 30 s, not 1 s: with 1 s the harness itself would delete parts

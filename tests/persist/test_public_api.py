@@ -1,6 +1,6 @@
 """persist's public read surface: ShardView, the manifest functions, PartRetired and replan, check(prev).
 
-These are what the layers above use instead of persist's internals (design.md,
+These are what the layers above use instead of persist's internals (docs/index.md,
 "Layers"); each test pins the contract they rely on.
 """
 

@@ -6,7 +6,7 @@ cannot tell a version that was truncated from one never written
 whose expectation ``N`` is stale, and whose ``N + 1`` a concurrent
 truncation deleted, would *re-create* ``N + 1`` below the head: the write
 reports success and is invisible to everyone. Persist's defence
-(persist/_internal/machine.py, design.md "Consensus truncation") is two
+(persist/_internal/machine.py, docs/storage.md, "Consensus truncation") is two
 rules: truncation removes only versions older than a mark past
 ``consensus_retention_s`` by the truncator's wall clock, and a writer
 re-reads the head before a compare-and-set whose expectation is older than
@@ -25,7 +25,7 @@ The write must land on the head and be read back by a fresh client.
 - Skew (truncation uses the wall clock): a truncator whose clock runs ahead
   by less than half the retention cannot reach ``N + 1`` while A's
   expectation is fresh; one ahead by the whole retention can, and A's write
-  is lost. The second test pins that down: design.md's bound on skew is
+  is lost. The second test pins that down: the bound of docs/storage.md on skew is
   load-bearing, not a margin.
 """
 
@@ -157,7 +157,7 @@ def test_a_truncator_skewed_by_less_than_half_the_retention_cannot_reach_a_fresh
 
 
 def test_a_truncator_skewed_by_the_whole_retention_can_lose_a_write(s3_url_factory) -> None:
-    """The other side of design.md's bound: with skew past half the retention the guard does not fire
+    """The other side of the bound of docs/storage.md: with skew past half the retention the guard does not fire
     (A's expectation is fresh by its own clock), the truncator deletes N + 1, and A's put-if-absent
     re-creates it below the head. A believes it committed; nobody reads its write. This is the
     documented assumption, pinned: if persist ever detects skew, this test must change with it."""
