@@ -47,9 +47,9 @@ import pytest
 import txns
 from persist import ExternalError, PersistConfig, ReadBelowSince, metrics
 from persist.fault_proxy import FaultPlan, FaultProxy
-from persist.url import open_location
 from persist.mem import _STORES
 from persist.unreliable import Fault, Faults, Op, UnreliableBlob, UnreliableConsensus
+from persist.url import open_location
 from txns.admin import collect_garbage
 from txns.db import clock
 
@@ -139,7 +139,8 @@ class Workload:
                 t.insert(name, [{"k": k, "v": v} for k, v in new])
                 self.current[name] += Counter(new)
                 self.written[name] += n
-        self._record(t.commit_info.ts)  # type: ignore[union-attr]
+        assert t.commit_info is not None and t.commit_info.ts is not None, "every write commits something"
+        self._record(t.commit_info.ts)
 
     def drop(self, name: str) -> None:
         self.db.drop_table(name)
@@ -289,7 +290,7 @@ def test_compact_and_gc_under_faults_on_s3(
     bucket = s3_bucket_factory("compactfaults")
     faulted = f"s3://{bucket}/db?endpoint_url={proxy.url}&region=us-east-1"
     direct = f"s3://{bucket}/db?endpoint_url={moto_endpoint}&region=us-east-1"
-    got = _run(faulted, direct, seed, lambda: proxy.set_enabled(True), lambda: proxy.set_enabled(False))
+    _run(faulted, direct, seed, lambda: proxy.set_enabled(True), lambda: proxy.set_enabled(False))
     c = proxy.counters()
     hit = sum(c.get(k, 0) for k in ("drop_before", "drop_reply", "error_503", "truncate"))
     assert hit > 0, c
