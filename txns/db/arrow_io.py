@@ -239,7 +239,7 @@ def _convert(col: pa.ChunkedArray, field: pa.Field, table_name: str) -> pa.Chunk
     if ks == "null" or all_null:
         return out
     if ks == "float" and kd == "float":
-        lost = pc.and_(pc.is_finite(col), pc.invert(pc.is_finite(out)))
+        lost = pc.and_(_is_finite(col), pc.invert(_is_finite(out)))
     else:
         try:
             back = pc.cast(out, src, safe=False)
@@ -257,6 +257,13 @@ def _convert(col: pa.ChunkedArray, field: pa.Field, table_name: str) -> pa.Chunk
             f"yourself if that is what you want, or give the column a type that holds it"
         )
     return out
+
+
+def _is_finite(values: Any) -> Any:
+    """``pc.is_finite``, also for half floats (pyarrow before 19 has no such kernel: through float32, exact)."""
+    if pa.types.is_float16(values.type):
+        values = pc.cast(values, pa.float32())
+    return pc.is_finite(values)
 
 
 def _short(e: Exception, limit: int = 300) -> str:
