@@ -2,7 +2,7 @@
 
 Each of N threads commits small write-only transactions (one row) through
 the same ``txns.Database``; concurrent commits share conditional writes
-(``Database._commit_group``). Printed per thread count: commits/s, p50/p99
+(``Committer._commit_group``). Printed per thread count: commits/s, p50/p99
 commit latency, transactions per conditional write on the txns shard, and
 the conditional PUTs counted on the wire (``PUT consensus``), against the
 same workload with group commit switched off (each transaction its own
@@ -40,7 +40,7 @@ from common import moto_server  # moto in a child process: it does not share our
 
 import txns
 from persist.fault_proxy import FaultPlan, FaultProxy
-from txns.db import database as database_module
+from txns.db import committer as committer_module
 
 BUCKET = "bench-group-commit"
 
@@ -48,16 +48,16 @@ BUCKET = "bench-group-commit"
 @contextmanager
 def ungrouped() -> Iterator[None]:
     """Group commit off: every commit leads a group of one (the baseline)."""
-    original = database_module.Database._form_group
+    original = committer_module.Committer._form_group
 
-    def one(self: txns.Database, members: list, upper: int) -> list:
+    def one(self: committer_module.Committer, members: list, upper: int) -> list:
         return original(self, members[:1], upper)
 
-    database_module.Database._form_group = one  # type: ignore[method-assign]
+    committer_module.Committer._form_group = one  # type: ignore[method-assign]
     try:
         yield
     finally:
-        database_module.Database._form_group = original  # type: ignore[method-assign]
+        committer_module.Committer._form_group = original  # type: ignore[method-assign]
 
 
 def run_case(url: str, threads: int, per_thread: int, work: Callable[[txns.Database, int, int], None]) -> dict:

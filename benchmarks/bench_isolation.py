@@ -15,7 +15,7 @@ Two measurements, printed as Markdown tables (results: benchmarks/README.md,
    p50/p99 latency of a committed transfer (``db.run`` call to return,
    re-runs included), re-runs of the function per commit
    (``CommitInfo.attempts - 1``), and the validations run after a lost
-   commit race (``txns.db.validation.conflict`` as ``txns.db.database``
+   commit race (``txns.db.validation.conflict`` as ``txns.db.committer``
    calls it, wrapped in the measured process): how many found the inputs unchanged, and how many commits took
    that path (committed at a later time without re-running the function);
    "uncertain retries" counts commit attempts made on the exactly-once
@@ -269,7 +269,7 @@ def instrument_validation() -> None:
     thread that leads the group validates every member: a call is billed to
     the thread that made the transaction (found by its read set's identity).
     """
-    import txns.db.database as dbm
+    import txns.db.committer as dbm
     import txns.db.transaction as tm
     import txns.db.validation as val
 
@@ -299,7 +299,7 @@ def instrument_validation() -> None:
         return why
 
     counted._bench = True  # type: ignore[attr-defined]
-    # (database.py imported the name: patching only txns.db.validation would not reach _commit)
+    # (committer.py imported the name: patching only txns.db.validation would not reach the commit)
     dbm.conflict = counted  # type: ignore[assignment]
     val.conflict = counted  # type: ignore[assignment]
 

@@ -251,7 +251,7 @@ def test_the_catalog_after_ddl_needs_no_read(db: txns.Database, monkeypatch: pyt
     def no_read(ts: int) -> CatalogView:
         raise AssertionError("the catalog was read")
 
-    monkeypatch.setattr(db, "_read_catalog", no_read)
+    monkeypatch.setattr(db.catalogs, "read", no_read)
     # a new database's catalog is known empty; each DDL commit's catalog is the one it validated
     db.create_table("a", SCHEMA)
     with db.transaction() as t:
@@ -266,9 +266,9 @@ def test_the_catalog_after_ddl_needs_no_read(db: txns.Database, monkeypatch: pyt
     # what was cached is what a read of the catalog gives
     ts = db.latest()
     cached = db.catalog(ts)
-    db._catalogs.clear()
+    db.catalogs.forget_views()
     assert db.catalog(ts) == cached
-    assert db._read_catalog(ts) == cached
+    assert db.catalogs.read(ts) == cached
 
 
 def _concurrent(monkeypatch: pytest.MonkeyPatch, pick: object) -> list[str]:
@@ -400,7 +400,7 @@ def test_a_stale_connection_reads_commits_another_applied_and_tidied(db_url: str
 def test_a_new_database_opens_its_txns_shard_while_writing_its_root(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from txns.db import database
+    from txns.db import opening
 
     barrier = threading.Barrier(2, timeout=10)
     outcome: list[str] = []
@@ -412,7 +412,7 @@ def test_a_new_database_opens_its_txns_shard_while_writing_its_root(
         except threading.BrokenBarrierError:
             outcome.append("alone")
 
-    orig_root, orig_open = database.create_root, TxnsHandle.open
+    orig_root, orig_open = opening.create_root, TxnsHandle.open
 
     def create_root(*a: object) -> object:
         meet()
@@ -422,7 +422,7 @@ def test_a_new_database_opens_its_txns_shard_while_writing_its_root(
         meet()
         return orig_open(*a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(database, "create_root", create_root)
+    monkeypatch.setattr(opening, "create_root", create_root)
     monkeypatch.setattr(TxnsHandle, "open", staticmethod(open_))
     db = txns.connect(db_url)
     assert outcome == ["together", "together"]

@@ -13,8 +13,8 @@ import txns
 from persist import InvalidUsage
 from tests.isolation import workload
 from tests.isolation.checker import check
-from txns.db import database as database_module
-from txns.db.oracle import LocalOracle
+from txns.db import committer as committer_module
+from txns.db.oracle import LocalOracle, Timeline
 
 ACCOUNTS = pa.schema([("account", pa.string()), ("balance", pa.int64())])
 
@@ -268,7 +268,7 @@ def test_list_append_histories_have_no_anomalies(db_url: str, isolation: str) ->
 class LaggingOracle(LocalOracle):
     """A deliberately broken oracle: reads at the time it last read the upper, refreshed every 4th call only."""
 
-    def __init__(self, db: txns.Database) -> None:
+    def __init__(self, db: Timeline) -> None:
         super().__init__(db)
         self._calls = 0
         self._ts: int | None = None
@@ -286,7 +286,7 @@ def test_the_checker_catches_stale_reads_under_a_weakened_strict_level(db_url: s
 
     def weakened() -> txns.Database:
         d = txns.connect(db_url)
-        d._oracles["strict_serializable"] = LaggingOracle(d)  # stale reads, called strict
+        d.oracles.by_level["strict_serializable"] = LaggingOracle(d.timeline)  # stale reads, called strict
         return d
 
     ops = workload.run_threads(weakened, workers=4, txns_each=25, keys=3, isolation="strict_serializable", seed=2)
@@ -299,7 +299,7 @@ def test_the_checker_catches_stale_reads_under_a_weakened_strict_level(db_url: s
 def test_the_checker_catches_lost_updates_without_validation(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     db = txns.connect(db_url)
     workload.create(db)
-    monkeypatch.setattr(database_module, "conflict", lambda *a, **k: None)  # commit later without checking reads
+    monkeypatch.setattr(committer_module, "conflict", lambda *a, **k: None)  # commit later without checking reads
     ops = workload.run_threads(
         lambda: txns.connect(db_url), workers=4, txns_each=25, keys=2, isolation="serializable", seed=3
     )

@@ -423,7 +423,7 @@ def test_a_lost_part_of_a_committed_unapplied_batch_is_corruption(tmp_path: Path
         t.insert("t", [{"x": i} for i in range(10)])
         t._finish()
         (batch,) = t._batches[e.data_id]
-        txn = db._begin({})
+        txn = db.committer.begin({})
         txn.write_batch(e.data_id, batch)
         txn.commit_at(db.handle, max(db.latest() + 1, clock.ts_of_ms(clock.system_ms())))
         assert db.client.shard(e.data_id).fetch().upper <= db.latest()  # not applied

@@ -408,8 +408,11 @@ def run_batch(
         )
 
     return retry_conflicts(
-        attempt, what="run_batch, each attempt repairing what had changed,",
-        deadline_s=check_deadline(deadline_s, RUN_DEADLINE_S), max_attempts=max_attempts, cap_s=BATCH_BACKOFF_CAP_S,
+        attempt,
+        what="run_batch, each attempt repairing what had changed,",
+        deadline_s=check_deadline(deadline_s, RUN_DEADLINE_S),
+        max_attempts=max_attempts,
+        cap_s=BATCH_BACKOFF_CAP_S,
     )
 
 

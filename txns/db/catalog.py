@@ -23,7 +23,7 @@ Invariants:
 
 - At any time at most one row per name has a positive count (DDL commits
   validate against the catalog at the exact time below their commit time,
-  see ``Database._commit``).
+  see :mod:`txns.db.committer`).
 - A table's data shard never changes: rename keeps it; a new table (even
   with a dropped table's name) gets a fresh shard.
 - A user table's columns are the data shard's key; its val is empty. Rows
@@ -31,6 +31,11 @@ Invariants:
   table's shard key starts with its primary key columns (so parts, sorted
   by the shard key, are sorted by primary key); the user's column order is
   the catalog schema's.
+- :class:`Catalog` caches a view by the catalog's latest write at or below
+  the time read (the catalog is the same at every time from one write to
+  the next), so a latest read of a table costs no catalog read unless DDL
+  committed; a view is cached only from the catalog as read, or as a DDL
+  commit validated it at exactly its commit time.
 """
 
 from __future__ import annotations
@@ -38,14 +43,22 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import pyarrow as pa
 
-from persist import InvalidUsage, Schema
-from txns.db.errors import InvalidPrimaryKey, InvalidTableName
+from persist import InvalidUsage, PersistClient, ReadBelowSince, Schema, SnapshotPlan, replan
+from txns.db import clock
+from txns.db.errors import InvalidPrimaryKey, InvalidTableName, TableNotFound
+from txns.db.scan import PlanReader, read_table
+from txns.errors import NotRegistered
+from txns.handle import TxnsHandle
+from txns.txn import Txn
+
+T = TypeVar("T")
 
 CATALOG_SCHEMA = Schema(
     key=pa.schema(
@@ -136,9 +149,7 @@ def check_schema(schema: object) -> pa.Schema:
         raise InvalidUsage(f"column names must be distinct; repeated: {dup}")
     bad = [n for n in names if n in RESERVED_COLUMNS]
     if bad:
-        raise InvalidUsage(
-            f"column names {bad} are reserved (changes() adds 'ts' and 'diff' columns); rename them"
-        )
+        raise InvalidUsage(f"column names {bad} are reserved (changes() adds 'ts' and 'diff' columns); rename them")
     for f in schema:
         if not isinstance(f.name, str) or not f.name:
             raise InvalidUsage(f"column names must be non-empty strings, got {f.name!r}")
@@ -264,8 +275,191 @@ class CatalogView:
         return {e.data_id: e for e in self.tables.values()}
 
 
+class LogReads(Protocol):
+    """What the catalog needs from the read planner (:class:`txns.db.planner.ReadPlanner`)."""
+
+    def log_plan(self, data_id: str, ts: int) -> SnapshotPlan | None: ...
+
+    def read_checked(self, data_id: str, read: Callable[[], T]) -> T: ...
+
+    def plan_reader(self, plan: SnapshotPlan, cols: list[str], filter: Any = None) -> PlanReader: ...
+
+
+CACHED_VIEWS = 64
+"""The most catalog views :class:`Catalog` keeps (it forgets them all past that)."""
+
+
+class Catalog:
+    """The database's catalog: its views by time, cached, its registration, and table lookups.
+
+    Owns the cache of views (``_views``, under ``_cache_lock``) and the
+    shortest table retention seen in a view. Uses the txns handle only
+    under ``handle_lock``.
+    """
+
+    def __init__(
+        self,
+        client: PersistClient,
+        handle: TxnsHandle,
+        handle_lock: threading.RLock,
+        catalog_id: str,
+        created_ms: int,
+        url: str,
+        reads: LogReads,
+    ) -> None:
+        self.client = client
+        self.handle = handle
+        self.catalog_id = catalog_id
+        self._created_ms = created_ms
+        self._url = url  # (redacted)
+        self._lock = handle_lock
+        self._cache_lock = threading.Lock()
+        self._views: dict[tuple[str, int], CatalogView] = {}
+        #: the shortest table retention seen in a catalog view (None: none seen)
+        self.min_table_retention_ms: int | None = None
+        self._reads = reads
+
+    def register_in(self, txn: Txn) -> None:
+        """Have ``txn``, which writes the catalog, register it in the same write unless it is registered.
+
+        The catalog is registered by the first commit that writes it (a new
+        database's first DDL). A stale view costs nothing: registering an
+        already registered shard is a no-op at commit time.
+        """
+        d = self.catalog_id
+        if d in self.handle.cache.registered_now():
+            return
+        try:
+            txn.register(d)
+        except NotRegistered:  # its creator crashed before recording the catalog's schema
+            self.client.register_schema(d, CATALOG_SCHEMA)
+            txn.register(d)
+
+    def _registered_ts(self) -> int | None:
+        regs = self.handle.cache.registrations.get(self.catalog_id)
+        return regs[0].register_ts if regs else None
+
+    def at(self, ts: int) -> CatalogView:
+        """The catalog at timestamp ``ts`` (already resolved)."""
+        with self._lock:
+            cache = self.handle.cache
+            born = clock.ts_of_ms(self._created_ms)
+            if ts < born:
+                raise ReadBelowSince(
+                    f"as_of {clock.describe(ts)} is before the database at {self._url!r} was created "
+                    f"(at {clock.describe(born)})",
+                    born,
+                )
+            created = self._registered_ts()
+            if created is None and ts >= cache.frontier:
+                cache.sync()
+                created = self._registered_ts()
+            if created is None or ts < created:
+                return CatalogView(ts, {})  # no DDL yet at ts: the first one registers the catalog
+            since = self.handle.data_writer(self.catalog_id).shard.state().since
+            if ts < since:
+                raise self._below(ts, since)
+            # The catalog is the same at every time from its latest write up to
+            # its next one: cache by that write (or, with none since the txns
+            # cache's since, by that since).
+            key: tuple[str, int] | None = None
+            if cache.since <= ts < cache.frontier:
+                w = cache.latest_write_le(self.catalog_id, ts)
+                key = ("w", w) if w is not None else ("since", cache.since)
+                with self._cache_lock:
+                    hit = self._views.get(key)
+                if hit is not None:
+                    return CatalogView(ts, hit.tables)
+                if w is None and created is not None and created >= cache.since:
+                    # Registered within what the cache knows and never written up to ts:
+                    # empty, without a read (a new database's first transaction).
+                    return CatalogView(ts, {})
+            try:
+                view = self.read(ts)
+            except NotRegistered:
+                raise ReadBelowSince(
+                    f"as_of {clock.describe(ts)} is before the database at {self._url!r} was created", created or 0
+                ) from None
+            except ReadBelowSince as e:
+                raise self._below(ts, e.since) from None
+            if key is not None:
+                self._remember(key, view)
+            return view
+
+    def entry(self, name: str, ts: int) -> TableEntry:
+        """The catalog entry of table ``name`` at ``ts``, or TableNotFound saying what exists."""
+        view = self.at(ts)
+        e = view.tables.get(name)
+        if e is None:
+            known = sorted(view.tables)
+            raise TableNotFound(
+                f"no table {name!r} in the database at {self._url!r} as of {clock.describe(ts)}; "
+                f"tables then: {known if known else 'none'}"
+                + ("" if known else "; create one with db.create_table(name, schema)")
+            )
+        return e
+
+    def read(self, ts: int) -> CatalogView:
+        """Read the catalog shard at ``ts`` (without writing anything when the txns cache allows); not cached."""
+        d = self.catalog_id
+        cols = list(CATALOG_SCHEMA.key_names)
+        reads = self._reads
+
+        def read() -> CatalogView:
+            plan = reads.log_plan(d, ts)
+            if plan is None:
+                return CatalogView.from_updates(ts, self.handle.snapshot(d, ts))
+            rows = reads.read_checked(d, lambda: read_table(reads.plan_reader(plan, cols)))
+            entries = [TableEntry.from_key(tuple(r[c] for c in cols)) for r in rows.to_pylist()]
+            return CatalogView(ts, {e.name: e for e in entries})
+
+        return replan(read)
+
+    def committed(self, ts: int, live: dict[str, TableEntry]) -> None:
+        """Cache ``live`` as the catalog at ``ts``: the one a DDL commit validated, with its changes.
+
+        Exact: a DDL commit expects exactly the upper it validated at, so no
+        commit lies between; and only when the commit wrote the catalog (a
+        transaction may create and drop a table again, writing nothing).
+        """
+        cache = self.handle.cache
+        if cache.since <= ts < cache.frontier and cache.latest_write_le(self.catalog_id, ts) == ts:
+            self._remember(("w", ts), CatalogView(ts, dict(live)))
+
+    def forget_views(self) -> None:
+        """Drop every cached view (after compaction moved the catalog's since)."""
+        with self._cache_lock:
+            self._views.clear()
+
+    def cached_views(self) -> int:
+        """How many views are cached (diagnostics)."""
+        with self._cache_lock:
+            return len(self._views)
+
+    def _remember(self, key: tuple[str, int], view: CatalogView) -> None:
+        rets = [e.retention_ms for e in view.tables.values() if e.retention_ms is not None]
+        with self._cache_lock:
+            if len(self._views) > CACHED_VIEWS:
+                self._views.clear()
+            self._views[key] = view
+            if rets:
+                low = min(rets)
+                cur = self.min_table_retention_ms
+                self.min_table_retention_ms = low if cur is None else min(cur, low)
+
+    def _below(self, ts: int, since: int) -> ReadBelowSince:
+        return ReadBelowSince(
+            f"as_of {clock.describe(ts)} is before the retained history of the database at {self._url!r}; "
+            f"the earliest readable time is {clock.describe(since)}",
+            since,
+        )
+
+
 __all__ = [
+    "CACHED_VIEWS",
     "CATALOG_SCHEMA",
+    "Catalog",
+    "LogReads",
     "PRIMARY_KEY_META",
     "SYSTEM_PREFIX",
     "CatalogView",

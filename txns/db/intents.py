@@ -470,7 +470,7 @@ def _outcomes(db: Database, intents: list[str], lo: int, hi: int) -> dict[str, O
     """The outcomes of ``intents`` committed in ``[lo, hi]`` (``hi`` at most the latest time)."""
     from txns.db.table import Table
 
-    if not db.may_have_written(OUTCOMES, lo, hi):
+    if not db.planner.may_have_written(OUTCOMES, lo, hi):
         return {}
     ch = Table(db, OUTCOMES).changes(lo, hi + 1)
     ch = ch.filter(pc.and_(pc.is_in(ch.column("intent"), pa.array(intents, pa.string())),
@@ -519,7 +519,7 @@ def _submit_many(
     for i, it in enumerate(intents):
         if not isinstance(it, Mapping) or set(it) - {"reads", "writes", "adds"}:
             raise InvalidUsage(f"intent {i} must be a dict with keys among reads, writes, adds; got {it!r}")
-    latest = db.cached_latest()
+    latest = db.timeline.cached_latest()
     try:  # (the catalog as this process last saw it: no request; a table it has not seen yet: look again)
         enc = _Encoder(db, db.catalog(latest if latest is not None else db.latest()).tables)
         bodies = [enc.encode(it.get("reads"), it.get("writes"), it.get("adds")) for it in intents]
@@ -530,7 +530,7 @@ def _submit_many(
         return []
     hexed = os.urandom(16 * len(bodies)).hex()  # (as uuid4: 128 random bits each)
     ids = [hexed[32 * n : 32 * n + 32] for n in range(len(bodies))]
-    before = db.cached_latest()
+    before = db.timeline.cached_latest()
     try:
         with db.transaction(metadata=metadata) as t:
             t._system = frozenset({INTENTS})
@@ -602,7 +602,7 @@ def resolve_intents(db: Database, max_attempts: int | None = RESOLVE_MAX_ATTEMPT
             raise
         assert info.ts is not None
         with st.lock:
-            if info.ts not in db.shared_commits:  # (committed alone: no one's intents at that time)
+            if info.ts not in db.committer.shared_commits():  # (committed alone: no one's intents at that time)
                 st.steps.append(info.ts)
             for i, epoch, ok, why in zip(done.ids, done.epochs, done.committed, done.reasons, strict=True):
                 st.known[i] = Outcome(i, epoch, ok, info.ts, why)
@@ -612,8 +612,12 @@ def resolve_intents(db: Database, max_attempts: int | None = RESOLVE_MAX_ATTEMPT
 
     with st.resolving:
         return retry_conflicts(
-            attempt, what="resolving intents (try again)", deadline_s=RESOLVE_DEADLINE_S,
-            max_attempts=max_attempts, base_s=0.001, cap_s=0.05,
+            attempt,
+            what="resolving intents (try again)",
+            deadline_s=RESOLVE_DEADLINE_S,
+            max_attempts=max_attempts,
+            base_s=0.001,
+            cap_s=0.05,
         )
 
 
@@ -659,7 +663,7 @@ def _step(db: Database, t: Transaction) -> _Resolved | None:
     st = db.intent_state
     with st.lock:
         own_steps = set(st.steps)
-    if read_ts <= done_to or not db.may_have_written(INTENTS, done_to + 1, read_ts, but=own_steps):
+    if read_ts <= done_to or not db.planner.may_have_written(INTENTS, done_to + 1, read_ts, but=own_steps):
         return None
     ch = Table(db, INTENTS).changes(done_to + 1, read_ts + 1)
     ch = ch.filter(pc.greater(ch.column("diff"), 0))

@@ -19,9 +19,9 @@ statistics skip it unless the key may be in it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,7 +34,19 @@ from txns.db.errors import InvalidPrimaryKey
 from txns.db.scan import PART_CACHE, PlanReader, read_table
 
 if TYPE_CHECKING:
-    from txns.db.database import Database
+    from persist import PersistClient
+
+T = TypeVar("T")
+
+
+class PlannedReads(Protocol):
+    """What keyed reads need (:class:`txns.db.planner.ReadPlanner` has it): the client, and plans read again."""
+
+    @property
+    def client(self) -> PersistClient: ...
+
+    def with_replan(self, entry: TableEntry, ts: int, read: Callable[[SnapshotPlan], T]) -> T: ...
+
 
 Key = tuple[Any, ...]
 
@@ -179,7 +191,7 @@ def prune_plan(e: TableEntry, plan: SnapshotPlan, keys: Collection[Key]) -> Snap
 
 
 def read_at(
-    db: Database,
+    db: PlannedReads,
     e: TableEntry,
     ts: int,
     columns: list[str],
@@ -206,7 +218,7 @@ def read_at(
     return out.cast(pa.schema([e.schema.field(c) for c in columns]))
 
 
-def committed_rows(db: Database, e: TableEntry, ts: int, keys: Iterable[Key]) -> dict[Key, list[dict[str, Any]]]:
+def committed_rows(db: PlannedReads, e: TableEntry, ts: int, keys: Iterable[Key]) -> dict[Key, list[dict[str, Any]]]:
     """The rows of ``e`` at ``ts`` by primary key, for each of ``keys`` (a row repeated by its multiplicity).
 
     Normally at most one row per key. Only the parts whose key bounds may
@@ -252,6 +264,7 @@ def first_repeat(keys: Iterable[Key]) -> Key | None:
 
 __all__ = [
     "Key",
+    "PlannedReads",
     "committed_rows",
     "describe_key",
     "first_repeat",

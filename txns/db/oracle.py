@@ -34,12 +34,9 @@ is past every ``read_ts()`` given before; neither ever goes back.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from txns.db import clock
-
-if TYPE_CHECKING:
-    from txns.db.database import Database
 
 ISOLATION_LEVELS = ("strict_serializable", "serializable")
 """The isolation levels a database offers (the first is the default)."""
@@ -55,10 +52,20 @@ class TimestampOracle(Protocol):
     def observe(self, ts: int) -> None: ...
 
 
+class Timeline(Protocol):
+    """What an oracle reads (:class:`txns.db.timeline.Timeline` has it): the txns upper, fresh or as last seen."""
+
+    def latest(self) -> int: ...
+
+    def cached_latest(self) -> int | None: ...
+
+    def clock_ms(self) -> int: ...
+
+
 class _Oracle:
     """What both oracles share: the highest upper seen, and write timestamps from it and the clock."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Timeline) -> None:
         self._db = db
         self._lock = threading.Lock()
         self._upper = 0  # the highest txns upper seen through this oracle
@@ -70,7 +77,7 @@ class _Oracle:
     def write_ts(self) -> int:
         with self._lock:
             upper = self._upper
-        return max(upper, clock.ts_of_ms(self._db.client.config.clock_ms()))
+        return max(upper, clock.ts_of_ms(self._db.clock_ms()))
 
     def _seen(self, upper: int) -> int:
         with self._lock:
@@ -89,7 +96,7 @@ class SharedOracle(_Oracle):
     flight per database object.
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Timeline) -> None:
         super().__init__(db)
         self._cv = threading.Condition()
         self._started = 0  # head reads started (generations)
@@ -142,6 +149,27 @@ class LocalOracle(_Oracle):
         return self._seen(cached + 1) - 1
 
 
+class Oracles:
+    """A database's oracles, one per isolation level, and its default level."""
+
+    def __init__(self, timeline: Timeline, default: str = ISOLATION_LEVELS[0]) -> None:
+        self.default = check_isolation(default)
+        #: the oracle of each level
+        self.by_level: dict[str, TimestampOracle] = {
+            "strict_serializable": SharedOracle(timeline),
+            "serializable": LocalOracle(timeline),
+        }
+
+    def oracle(self, isolation: str | None = None) -> TimestampOracle:
+        """The timestamp oracle of ``isolation`` (default: the database's level)."""
+        return self.by_level[check_isolation(isolation or self.default)]
+
+    def observe(self, ts: int) -> None:
+        """A commit (or read) at ``ts`` happened: every oracle's later timestamps are past it."""
+        for o in self.by_level.values():
+            o.observe(ts)
+
+
 def check_isolation(level: object) -> str:
     """``level`` if it names an isolation level, else InvalidUsage listing them."""
     from persist import InvalidUsage
@@ -151,4 +179,12 @@ def check_isolation(level: object) -> str:
     return str(level)
 
 
-__all__ = ["ISOLATION_LEVELS", "LocalOracle", "SharedOracle", "TimestampOracle", "check_isolation"]
+__all__ = [
+    "ISOLATION_LEVELS",
+    "LocalOracle",
+    "Oracles",
+    "SharedOracle",
+    "Timeline",
+    "TimestampOracle",
+    "check_isolation",
+]

@@ -36,6 +36,7 @@ NAME = "txns-db-io"
 T = TypeVar("T")
 R = TypeVar("R")
 
+
 def pool() -> ThreadPool:
     """The process's pool (created on first use, and again in a forked child)."""
     return ThreadPool.of_process(NAME, THREADS)

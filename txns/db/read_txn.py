@@ -95,7 +95,7 @@ class ReadTransaction:
         e = self._db.entry(table, self.ts)
         require_keyed(e, "get")
         k = keys_from_values(e, [key])[0]
-        rows = committed_rows(self._db, e, self.ts, [k])[k]
+        rows = committed_rows(self._db.planner, e, self.ts, [k])[k]
         return dict(rows[0]) if rows else None
 
 

@@ -64,9 +64,7 @@ def find_databases(client: PersistClient) -> list[tuple[str, str, int]]:
     return found
 
 
-def recover_root(
-    url: str, *, retention: dt.timedelta | None = None, config: PersistConfig | None = None
-) -> RootRecord:
+def recover_root(url: str, *, retention: dt.timedelta | None = None, config: PersistConfig | None = None) -> RootRecord:
     """Write the root record of the database at ``url`` again, from its txns and catalog shards; return it.
 
     ``InvalidUsage`` (nothing written) if there is a root record already, or

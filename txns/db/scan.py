@@ -546,4 +546,3 @@ __all__ = [
     "read_table",
     "scan",
 ]
-

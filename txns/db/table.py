@@ -76,7 +76,7 @@ class Table:
         cols, expr = self._reader_args(e, columns, filter)
         db = self.db
         cfg = db.client.config
-        return db.with_replan(
+        return db.planner.with_replan(
             e, ts, lambda plan: read_table(PlanReader(db.client.blob, plan, cols, expr, cfg.retry_deadline_s))
         )
 
@@ -98,7 +98,7 @@ class Table:
             reader = PlanReader(db.client.blob, plan, cols, None, db.client.config.retry_deadline_s)
             return sum(b.num_rows for b in scan(reader))
 
-        return db.with_replan(e, ts, read)
+        return db.planner.with_replan(e, ts, read)
 
     def scan(self, *, columns: list[str] | None = None, filter: Any = None, as_of: AsOf = None) -> pa.RecordBatchReader:
         """The rows at ``as_of`` as a ``pyarrow.RecordBatchReader``, read part by part (bounded memory).
@@ -108,14 +108,14 @@ class Table:
         e, ts = self._at(as_of)
         cols, expr = self._reader_args(e, columns, filter)
         db = self.db
-        plan = db.plan(e, ts)
+        plan = db.planner.plan(e, ts)
         reader = PlanReader(db.client.blob, plan, cols, expr, db.client.config.retry_deadline_s)
 
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 yield from scan(reader)
             except PartRetired as err:  # lost (CorruptObject), or retired since the scan began: scan again
-                raise db.missing_part(e.data_id, err.key) from None
+                raise db.planner.missing_part(e.data_id, err.key) from None
 
         return pa.RecordBatchReader.from_batches(reader.out_schema, batches())
 
@@ -157,10 +157,10 @@ class Table:
         def read(plan: Any) -> pa.Table:
             since = plan_since(db, e)
             if lo < since:
-                raise db._below(e, lo, since)
+                raise db.planner.below(e, lo, since)
             return read_changes(db.client.blob, plan, lo, cols, db.client.config.retry_deadline_s)
 
-        return db.with_replan(e, hi, read).cast(_changes_schema(e.schema, cols))
+        return db.planner.with_replan(e, hi, read).cast(_changes_schema(e.schema, cols))
 
     def history(self, limit: int | None = None) -> pa.Table:
         """``db.history(table=self.name, limit=limit)``."""

@@ -72,6 +72,7 @@ from persist import (
 from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, check_writable, data_schema
+from txns.db.committer import CommitRequest
 from txns.db.engines import engine_of
 from txns.db.errors import (
     DuplicateKey,
@@ -177,7 +178,7 @@ class Transaction:
         self._db = db
         self._isolation = isolation
         self._read_ts: int | None = None  # taken at the first read (see _reads_at)
-        cached = db.cached_latest()
+        cached = db.timeline.cached_latest()
         self._view_ts = cached if cached is not None else db.latest()
         self._view: dict[str, TableEntry] = dict(db.catalog(self._view_ts).tables)
         self._ops: list[tuple[str, TableEntry | None, TableEntry | None]] = []
@@ -458,7 +459,7 @@ class Transaction:
         if d not in self._new:
             db = self._db
             ts = self._reads_at()
-            plan = db.plan(e, ts)
+            plan = db.planner.plan(e, ts)
             reader = PlanReader(db.client.blob, plan, list(e.schema.names), None, db.client.config.retry_deadline_s)
             b = self._builder(d, -1)
             try:
@@ -467,7 +468,7 @@ class Transaction:
                         b.add_table(self._updates(pa.Table.from_batches([batch]).cast(e.schema), -1))
                         rows += batch.num_rows
             except PartRetired as err:  # lost (CorruptObject), or retired meanwhile: the caller starts again
-                raise db.missing_part(d, err.key) from None
+                raise db.planner.missing_part(d, err.key) from None
         self._emptied.add(d)
         self._count(d, 0, rows)
         return rows
@@ -610,7 +611,7 @@ class Transaction:
         def read(plan: Any) -> pa.Table:
             return read_table(PlanReader(db.client.blob, plan, cols, expr, cfg.retry_deadline_s))
 
-        return db.with_replan(cur, ts, read).cast(e.schema)
+        return db.planner.with_replan(cur, ts, read).cast(e.schema)
 
     # ---- keyed tables and reads -------------------------------------------------------------------
 
@@ -742,8 +743,7 @@ class Transaction:
         cur = self._current(e, [k])[k]
         if not cur:
             raise RowNotFound(
-                f"table {e.name!r} has no row with key {describe_key(e, k)}; nothing was updated "
-                f"(upsert() adds a row)"
+                f"table {e.name!r} has no row with key {describe_key(e, k)}; nothing was updated (upsert() adds a row)"
             )
         new = {**cur[0], **given}
         if cur == [new]:
@@ -801,7 +801,7 @@ class Transaction:
         """``e``'s committed rows at the read time (projected, filtered); none for a table created here."""
         if e.data_id in self._new or e.data_id in self._emptied:
             return pa.schema([e.schema.field(c) for c in cols]).empty_table()
-        return read_at(self._db, e, self._reads_at(), cols, expr)
+        return read_at(self._db.planner, e, self._reads_at(), cols, expr)
 
     def _keyed_input(self, e: TableEntry, data: object) -> pa.Table:
         """``data`` conformed to ``e``'s schema, in memory (within ``KEYED_WRITES_BYTES``)."""
@@ -901,7 +901,7 @@ class Transaction:
         out = {k: cache[k] for k in keys if k in cache}
         missing = [k for k in keys if k not in out]
         if missing:
-            found = committed_rows(self._db, e, self._reads_at(), missing)
+            found = committed_rows(self._db.planner, e, self._reads_at(), missing)
             out.update(found)
             if self._key_cache_size + len(found) > KEY_CACHE_KEYS:
                 self._key_cache, self._key_cache_size = {}, 0  # (bounded: start over)
@@ -1098,20 +1098,20 @@ class Transaction:
         try:
             live_ids = {x.data_id for x, n in changes.items() if n > 0}
             new = {d: data_schema(e.schema, e.primary_key) for d, e in self._new.items() if d in live_ids}
-            txn = db._begin(info)
+            txn = db.committer.begin(info)
             if new:
                 # Registered in the commit's own conditional write; their schemas are
                 # recorded on the pool while the commit is built, and waited for right
                 # before that write.
-                started = {d: f for d, s in new.items() if (f := db.record_schema_soon(d, s)) is not None}
-                txn.before_write(lambda: db._record_schemas(new, started))
+                started = {d: f for d, s in new.items() if (f := db.committer.record_schema_soon(d, s)) is not None}
+                txn.before_write(lambda: db.committer.record_schemas(new, started))
                 for d in sorted(new):
                     txn.register(d, new[d])
             for d, bs in sorted(self._batches.items()):
                 for b in bs:
                     txn.write_batch(d, b)
             if changes:
-                db.register_catalog(txn)
+                db.catalogs.register_in(txn)
             for e, n in sorted(changes.items(), key=lambda x: (x[0].name, x[1])):
                 txn.write(db.root.catalog_id, e.key(), (), n)
             known = [*self._view.values(), *(x for _, a, b in self._ops for x in (a, b) if x is not None)]
@@ -1119,18 +1119,20 @@ class Transaction:
             names = {}  # the tables it read, by the names it read them under
             if self._read_ts is not None and self._read_set:
                 names = {n: e for n, e in db.catalog(self._read_ts).tables.items() if e.data_id in self._read_set}
-            ts, self._read_ts = db._commit(
-                txn,
-                self._validate if self._ops else None,
-                written,
-                reads=self._read_set,
-                names=names,
-                read_ts=self._read_ts,
-                isolation=self._isolation,
-                writes={
-                    d: (set(self._own[d]) if d in self._own and d not in self._emptied | self._opaque else None)
-                    for d in self._batches
-                },
+            ts, self._read_ts = db.committer.commit(
+                CommitRequest(
+                    txn,
+                    self._validate if self._ops else None,
+                    written,
+                    reads=self._read_set,
+                    names=names,
+                    read_ts=self._read_ts,
+                    isolation=self._isolation,
+                    writes={
+                        d: (set(self._own[d]) if d in self._own and d not in self._emptied | self._opaque else None)
+                        for d in self._batches
+                    },
+                )
             )
             committed = True
         except Indeterminate:

@@ -30,8 +30,8 @@ is serializable.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -39,14 +39,35 @@ from txns.db.catalog import TableEntry
 from txns.db.scan import read_changes
 
 if TYPE_CHECKING:
-    from persist import SnapshotPlan
-    from txns.db.database import Database
+    from persist import PersistClient, SnapshotPlan
+    from txns.db.catalog import CatalogView
+    from txns.handle import TxnsHandle
+
+T = TypeVar("T")
+
+
+class ConflictReads(Protocol):
+    """What validation reads (:class:`txns.db.planner.ReadPlanner` has it): the txns cache, the catalog, plans."""
+
+    @property
+    def handle(self) -> TxnsHandle: ...
+
+    @property
+    def client(self) -> PersistClient: ...
+
+    @property
+    def catalog_id(self) -> str: ...
+
+    def catalog(self, ts: int) -> CatalogView: ...
+
+    def with_replan(self, entry: TableEntry, ts: int, read: Callable[[SnapshotPlan], T]) -> T: ...
+
 
 ReadSet = Mapping[str, "set[tuple[Any, ...]] | None"]
 """What a transaction read: data shard id -> the primary keys read, or None (the whole table)."""
 
 
-def conflict(db: Database, reads: ReadSet, names: Mapping[str, TableEntry], lo: int, hi: int) -> str | None:
+def conflict(db: ConflictReads, reads: ReadSet, names: Mapping[str, TableEntry], lo: int, hi: int) -> str | None:
     """Why the reads ``reads`` (of the tables ``names``, by name) may differ at ``hi`` from ``lo - 1``; None if not.
 
     ``lo..hi`` is the range of commit times in between (inclusive). The
@@ -58,7 +79,7 @@ def conflict(db: Database, reads: ReadSet, names: Mapping[str, TableEntry], lo: 
     if lo < cache.since:
         return f"the commits since the read time are compacted away (read at {lo - 1}, txns since {cache.since})"
     by_id = {e.data_id: e for e in names.values()}
-    catalog_writes = writes_in(cache, db.root.catalog_id, lo, hi)
+    catalog_writes = writes_in(cache, db.catalog_id, lo, hi)
     if catalog_writes and names:
         now = db.catalog(hi).tables
         for name, e in names.items():
@@ -86,7 +107,7 @@ def writes_in(cache: Any, data_id: str, lo: int, hi: int) -> set[int]:
     return set(times[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)])
 
 
-def _keys_written(db: Database, e: TableEntry, keys: set[tuple[Any, ...]], lo: int, hi: int) -> bool:
+def _keys_written(db: ConflictReads, e: TableEntry, keys: set[tuple[Any, ...]], lo: int, hi: int) -> bool:
     """Whether a commit in ``[lo, hi]`` updated one of the primary ``keys`` of ``e``."""
     from txns.db.keyed import key_filter, prune_plan
 
@@ -106,4 +127,4 @@ def _keys_written(db: Database, e: TableEntry, keys: set[tuple[Any, ...]], lo: i
     return any(tuple(k) in keys for k in zip(*cols, strict=True))
 
 
-__all__ = ["ReadSet", "conflict", "writes_in"]
+__all__ = ["ConflictReads", "ReadSet", "conflict", "writes_in"]
