@@ -31,7 +31,7 @@ from persist._internal.codec import crc32c, frame, unframe
 from persist._internal.retry import Attempts, backoff, retry_storage, retry_until
 from persist._internal.state import HollowBatch, ShardState
 from persist._internal.threads import ThreadPool
-from persist.batch import Batch, BatchBuilder
+from persist.batch import Batch, BatchBuilder, finish_all
 from persist.client import PersistClient
 from persist.config import PersistConfig
 from persist.errors import (
@@ -93,6 +93,7 @@ __all__ = [
     "backoff",
     "check_ts",
     "crc32c",
+    "finish_all",
     "frame",
     "replan",
     "retry_storage",

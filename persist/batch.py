@@ -12,10 +12,10 @@ any size.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -369,4 +369,48 @@ def _sorts_in_python(schema: Schema) -> bool:
     return bool(cached)
 
 
-__all__ = ["Batch", "BatchBuilder", "CLOSED"]
+K = TypeVar("K")
+
+FanOut = Callable[[Callable[[BatchBuilder], Batch], Sequence[BatchBuilder]], Sequence["Batch | BaseException"]]
+"""Runs a function of each builder at once; each result in its place, or the exception its call raised."""
+
+
+def _own_threads(fn: Callable[[BatchBuilder], Batch], builders: Sequence[BatchBuilder]) -> list[Batch | BaseException]:
+    """The default :data:`FanOut`: threads of its own (at most 8), or the calling thread for one builder."""
+
+    def call(b: BatchBuilder) -> Batch | BaseException:
+        try:
+            return fn(b)
+        except Exception as e:  # noqa: BLE001 - handed to the caller in its place
+            return e
+
+    if len(builders) <= 1:
+        return [call(b) for b in builders]
+    with ThreadPoolExecutor(max_workers=min(8, len(builders))) as threads:
+        return list(threads.map(call, builders))
+
+
+def finish_all(
+    builders: Mapping[K, BatchBuilder], fan_out: FanOut | None = None
+) -> tuple[dict[K, Batch], BaseException | None]:
+    """Finish every builder at once; the batches of those that finished (by key), and the first failure.
+
+    Every builder has its try before anything is raised, so a caller can
+    keep the finished batches (and their parts) and call again for the ones
+    that failed (a failed ``finish`` leaves its builder whole). ``fan_out``
+    runs the finishes (default: threads of their own); the first failure is
+    the one of the first key, in ``builders``' order, that failed.
+    """
+    keys = list(builders)
+    results = (fan_out or _own_threads)(lambda b: b.finish(), [builders[k] for k in keys])
+    done: dict[K, Batch] = {}
+    failure: BaseException | None = None
+    for k, res in zip(keys, results, strict=True):
+        if isinstance(res, BaseException):
+            failure = failure or res
+        else:
+            done[k] = res
+    return done, failure
+
+
+__all__ = ["Batch", "BatchBuilder", "CLOSED", "FanOut", "finish_all"]

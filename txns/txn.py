@@ -31,11 +31,10 @@ import base64
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persist import Batch, BatchBuilder, InvalidUsage, Schema, SchemaMismatch, frame, unframe
+from persist import Batch, BatchBuilder, InvalidUsage, Schema, SchemaMismatch, finish_all, frame, unframe
 from persist.errors import operation
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
 from txns.commits import COMMIT_RECORD_MAX_BYTES
@@ -253,27 +252,11 @@ class Txn:
         failed stays, and the next call retries just its failed uploads.
         Raises the first failure after every builder had its try.
         """
-        items = sorted(self._builders.items())
-
-        def finish(item: tuple[str, BatchBuilder]) -> Batch | BaseException:
-            try:
-                return item[1].finish()
-            except Exception as e:  # noqa: BLE001 - re-raised below, after the others finished
-                return e
-
-        if len(items) > 1:
-            with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-                results = list(pool.map(finish, items))
-        else:
-            results = [finish(item) for item in items]
-        failure: BaseException | None = None
-        for (d, _), res in zip(items, results, strict=True):
-            if isinstance(res, BaseException):
-                failure = failure or res
-                continue
+        done, failure = finish_all(dict(sorted(self._builders.items())))
+        for d, batch in done.items():
             del self._builders[d]
-            if res.rows:
-                self._batches.setdefault(d, []).append(res)
+            if batch.rows:
+                self._batches.setdefault(d, []).append(batch)
         if failure is not None:
             raise failure
 

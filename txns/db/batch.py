@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from persist import Attempts, InvalidUsage, PersistClient
+from txns.db.args import check_positive_int
 from txns.db.arrow_io import NOT_ARROW, conform
 from txns.db.catalog import TableEntry
 from txns.db.errors import Abort, DatabaseNotFound, InvalidPrimaryKey, TransactionConflict
@@ -258,12 +259,8 @@ def _check(
         raise InvalidUsage(f"executor must be 'threads', 'processes', 'spark' or None, got {executor!r}")
     if spark is not None and executor != "spark":
         raise InvalidUsage(f"spark= is for executor='spark' only (executor is {executor!r})")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InvalidUsage(f"workers must be a positive int or None, got {workers!r}")
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise InvalidUsage(f"max_attempts must be a positive int or None, got {max_attempts!r}")
+    check_positive_int(workers, "workers")
+    check_positive_int(max_attempts, "max_attempts")
     if executor in ("processes", "spark") and db._url.lower().startswith("mem://"):
         where = "other processes" if executor == "processes" else "Spark executors (other processes)"
         raise InvalidUsage(

@@ -42,7 +42,7 @@ from persist import Indeterminate, PersistClient, Schema, backoff
 from txns.db.catalog import TableEntry
 from txns.db.errors import TransactionConflict
 from txns.db.oracle import TimestampOracle
-from txns.db.pool import each, in_pool, pool
+from txns.db.pool import each_or_raise, in_pool, pool
 from txns.db.validation import ConflictReads, ReadSet, conflict
 from txns.errors import TimestampUnavailable
 from txns.group_commit import GroupCommitter
@@ -199,9 +199,7 @@ class Committer:
                 except Exception:  # noqa: BLE001 - written again just below, which raises if it fails again
                     pass
             todo.append((d, schema))
-        for res in each(lambda item: self.client.register_schema(*item), todo):
-            if isinstance(res, BaseException):
-                raise res
+        each_or_raise(lambda item: self.client.register_schema(*item), todo)
 
     def commit(self, req: CommitRequest) -> tuple[int, int | None]:
         """Commit ``req.txn`` once durable; return its commit time and the time its reads hold at.

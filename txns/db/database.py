@@ -41,25 +41,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
-import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from persist import Attempts, InvalidUsage, PersistClient, ReadBelowSince, SnapshotPlan
+from persist import Attempts, InvalidUsage, PersistClient, PersistConfig, ReadBelowSince, SnapshotPlan
 from persist.url import redact
 from txns.db import clock
 from txns.db.applier import Applier
+from txns.db.args import check_not_async, check_not_awaitable, check_positive_int
 from txns.db.batch import BatchFn, BatchResult, run_batch
 from txns.db.catalog import Catalog, CatalogView, TableEntry, check_name
 from txns.db.committer import QUEUE_AFTER_LOST_S, UNCERTAIN_RETRIES, Committer
 from txns.db.fairness import PRIORITY_AFTER, RunTurns, check_deadline, retry_conflicts
 from txns.db.history import HISTORY_SCHEMA, History
 from txns.db.intents import IntentFuture, IntentState, resolve_intents, submit_many
-from txns.db.opening import connect
+from txns.db.opening import open_location
 from txns.db.oracle import ISOLATION_LEVELS, Oracles, TimestampOracle, check_isolation
 from txns.db.planner import ReadPlanner
 from txns.db.retention import (
@@ -94,27 +93,37 @@ RUN_BACKOFF_CAP_S = 0.2
 """The longest pause ``db.run`` takes between two attempts (jittered, growing from about 1 ms)."""
 
 
-def _check_not_async(fn: Callable[..., Any]) -> None:
-    """InvalidUsage for an ``async def`` function (or callable object, or partial of one): ``run`` cannot await it."""
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    call = type(target).__call__ if not inspect.isroutine(target) else None  # (a callable object's method)
-    if inspect.iscoroutinefunction(target) or (call is not None and inspect.iscoroutinefunction(call)):
-        raise InvalidUsage(
-            f"db.run takes a plain function of a transaction, got the async function {fn!r}, which it cannot "
-            f"await; make it a plain `def` (nothing was committed)"
-        )
+def connect(
+    url: str,
+    *,
+    create: bool = True,
+    retention: dt.timedelta | None = None,
+    config: PersistConfig | None = None,
+    isolation: str = "strict_serializable",
+    max_clock_skew: dt.timedelta | None = DEFAULT_MAX_CLOCK_SKEW,
+) -> Database:
+    """Open the database at ``url``, creating it if absent (unless ``create=False``).
 
+    ``url`` is ``file:///absolute/path``, ``s3://bucket/prefix?endpoint_url=...&region=...``
+    or ``mem://name``. ``retention`` sets the history retention of a database
+    created by this call (default 7 days); change it later with
+    :meth:`Database.set_retention`. ``config`` tunes persist (tests shrink it).
+    ``isolation``: the default isolation level of this object's transactions,
+    ``"strict_serializable"`` or ``"serializable"`` (see :mod:`txns.db.oracle`).
 
-def _check_not_awaitable(fn: Callable[..., Any], result: object) -> None:
-    """InvalidUsage if ``fn(t)`` returned an awaitable (closed unawaited, so it never runs)."""
-    if inspect.isawaitable(result):
-        close = getattr(result, "close", None)
-        if callable(close):
-            close()
-        raise InvalidUsage(
-            f"db.run's function {fn!r} returned an awaitable ({type(result).__name__}), which run cannot "
-            f"await: its work never ran; make it a plain `def` (nothing was committed)"
-        )
+    Raises ``DatabaseNotFound`` with ``create=False`` when there is no
+    database at ``url`` (nothing is created then, not even a directory),
+    and always where shards lie without a root record (a deleted root
+    record: :func:`txns.db.recover_root`).
+
+    ``max_clock_skew``: how far this client's clock may be from the
+    storage's before it may not create the database, commit, compact or
+    move a since (``ClockSkewError``; see :mod:`txns.db.skew`). None trusts
+    the clock (tests whose fake clock stands for everyone's time).
+    """
+    isolation = check_isolation(isolation)
+    o = open_location(url, create=create, retention=retention, config=config, max_clock_skew=max_clock_skew)
+    return Database(o.client, o.root, url, isolation=isolation, handle=o.handle, storage_clock=o.storage_clock)
 
 
 class Database:
@@ -367,14 +376,11 @@ class Database:
         >>> db.table("kv").to_arrow().to_pylist()
         [{'k': 'a', 'v': 2}]
         """
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise InvalidUsage(f"max_attempts must be a positive int or None, got {max_attempts!r}")
+        check_positive_int(max_attempts, "max_attempts")
         deadline = check_deadline(deadline_s, RUN_DEADLINE_S)
         if not callable(fn):
             raise InvalidUsage(f"run takes a function of a transaction, got {type(fn).__name__}")
-        _check_not_async(fn)
+        check_not_async(fn)
         level = check_isolation(isolation or self.isolation)
         turns = self._run_turns
         mine: list[SequencerLease] = []  # the run turn, once this call starves
@@ -384,7 +390,7 @@ class Database:
             t = self.transaction(metadata, isolation=level)
             t._in_run = True  # (t.commit() and `with t:` inside fn are refused: run commits it)
             try:
-                _check_not_awaitable(fn, fn(t))
+                check_not_awaitable(fn, fn(t))
                 info = t._commit()
             except BaseException:
                 t.abort()

@@ -1,6 +1,6 @@
 """Opening a database: ``txns.connect(url)`` finds (or creates) the root record and opens the txns shard.
 
-``connect`` reads (or creates) the root record (:mod:`txns.db.root`) and
+:func:`open_location` (for ``connect``) reads (or creates) the root record (:mod:`txns.db.root`) and
 opens the txns shard it names (one conditional write: the handle's lease;
 for a new database also the shard's schema, critical since and an upper at
 the clock). Creating a database overlaps the root record's write with
@@ -18,11 +18,12 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 from persist import InvalidUsage, PersistClient, PersistConfig
@@ -31,7 +32,6 @@ from txns.commits import COMMITS_SCHEMA, commits_shard_id
 from txns.db import clock
 from txns.db.catalog import CATALOG_SCHEMA
 from txns.db.errors import DatabaseNotFound
-from txns.db.oracle import check_isolation
 from txns.db.pool import in_pool, pool
 from txns.db.recover import find_databases
 from txns.db.retention import check_retention
@@ -44,11 +44,8 @@ from txns.db.root import (
     read_root,
     root_or_leftovers,
 )
-from txns.db.skew import DEFAULT_MAX_CLOCK_SKEW, StorageClock, check_max_skew
+from txns.db.skew import StorageClock, check_max_skew
 from txns.handle import TxnsHandle
-
-if TYPE_CHECKING:
-    from txns.db.database import Database
 
 log = logging.getLogger(__name__)
 
@@ -73,38 +70,28 @@ def _missing_file_dir(url: str) -> str | None:
     return None
 
 
-def connect(
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """What :func:`open_location` found or made: the client, the root record, the txns handle if it opened one."""
+
+    client: PersistClient
+    root: RootRecord
+    handle: TxnsHandle | None
+    storage_clock: StorageClock
+
+
+def open_location(
     url: str,
     *,
-    create: bool = True,
-    retention: dt.timedelta | None = None,
-    config: PersistConfig | None = None,
-    isolation: str = "strict_serializable",
-    max_clock_skew: dt.timedelta | None = DEFAULT_MAX_CLOCK_SKEW,
-) -> Database:
-    """Open the database at ``url``, creating it if absent (unless ``create=False``).
-
-    ``url`` is ``file:///absolute/path``, ``s3://bucket/prefix?endpoint_url=...&region=...``
-    or ``mem://name``. ``retention`` sets the history retention of a database
-    created by this call (default 7 days); change it later with
-    :meth:`Database.set_retention`. ``config`` tunes persist (tests shrink it).
-    ``isolation``: the default isolation level of this object's transactions,
-    ``"strict_serializable"`` or ``"serializable"`` (see :mod:`txns.db.oracle`).
-
-    Raises ``DatabaseNotFound`` with ``create=False`` when there is no
-    database at ``url`` (nothing is created then, not even a directory),
-    and always where shards lie without a root record (a deleted root
-    record: :func:`txns.db.recover_root`).
-
-    ``max_clock_skew``: how far this client's clock may be from the
-    storage's before it may not create the database, commit, compact or
-    move a since (``ClockSkewError``; see :mod:`txns.db.skew`). None trusts
-    the clock (tests whose fake clock stands for everyone's time).
-    """
+    create: bool,
+    retention: dt.timedelta | None,
+    config: PersistConfig | None,
+    max_clock_skew: dt.timedelta | None,
+) -> Opened:
+    """Find the database at ``url``, or create it (``create``); the arguments as :func:`txns.connect` takes them."""
     if not isinstance(url, str):
         raise InvalidUsage(f"connect takes a URL string, got {type(url).__name__}")
     retention_ms = None if retention is None else check_retention(retention)
-    isolation = check_isolation(isolation)
     max_skew_ms = check_max_skew(max_clock_skew)
     how = f"create one with txns.connect({redact(url)!r}) or `txns init {redact(url)}`"
     if not create and _missing_file_dir(url) is not None:
@@ -137,9 +124,7 @@ def connect(
         opened = _open_proposed(client, proposal)
         root = create_root(client, proposal)
         handle = opened(root)
-    from txns.db.database import Database  # (the facade imports this module: connect is re-exported there)
-
-    return Database(client, root, url, isolation=isolation, handle=handle, storage_clock=skew)
+    return Opened(client, root, handle, skew)
 
 
 def _open_proposed(client: PersistClient, proposal: RootRecord) -> Callable[[RootRecord], TxnsHandle | None]:
@@ -174,4 +159,4 @@ def _open_proposed(client: PersistClient, proposal: RootRecord) -> Callable[[Roo
     return opened
 
 
-__all__ = ["connect"]
+__all__ = ["Opened", "open_location"]

@@ -73,4 +73,14 @@ def each(fn: Callable[[T], R], items: Iterable[T]) -> list[R | BaseException]:
     return out
 
 
-__all__ = ["NAME", "THREADS", "each", "in_pool", "pool"]
+def each_or_raise(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``fn`` of every item, at once (as :func:`each`); once every call ended, the first failure is raised."""
+    out: list[R] = []
+    for res in each(fn, items):
+        if isinstance(res, BaseException):
+            raise res
+        out.append(res)
+    return out
+
+
+__all__ = ["NAME", "THREADS", "each", "each_or_raise", "in_pool", "pool"]

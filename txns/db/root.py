@@ -35,11 +35,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
-from persist import ExternalError, Indeterminate, InvalidUsage, PersistClient, ShardId, backoff, frame, unframe
+from persist import (
+    Attempts,
+    ExternalError,
+    Indeterminate,
+    InvalidUsage,
+    PersistClient,
+    ShardId,
+    backoff,
+    frame,
+    retry_storage,
+    retry_until,
+    unframe,
+)
 from persist.location import CaSResult
 
 ROOT_KEY = "txns-db-root"
@@ -82,7 +93,7 @@ class RootRecord:
 
 def read_root(client: PersistClient) -> RootRecord | None:
     """The root record at ``client``'s location, or None if there is no database there."""
-    head = _retrying(client, lambda: client.consensus.head(ROOT_KEY))
+    head = retry_storage(lambda: client.consensus.head(ROOT_KEY), client.config.retry_deadline_s)
     return None if head is None else RootRecord.decode(head.data, head.seqno)
 
 
@@ -102,10 +113,13 @@ def leftovers(client: PersistClient, limit: int = LEFTOVERS_SHOWN) -> list[str]:
     """
     found: list[str] = []
     if client.consensus.lists_keys:
-        keys = _retrying(client, lambda: list(client.consensus.list_keys()))
+        keys = retry_storage(lambda: list(client.consensus.list_keys()), client.config.retry_deadline_s)
         found = [k for k in keys if k != ROOT_KEY]
     else:
-        found = _retrying(client, lambda: [k for _, k in zip(range(limit), client.blob.list_keys(""), strict=False)])
+        found = retry_storage(
+            lambda: [k for _, k in zip(range(limit), client.blob.list_keys(""), strict=False)],
+            client.config.retry_deadline_s,
+        )
     return sorted(found)[:limit]
 
 
@@ -134,31 +148,27 @@ def root_or_leftovers(client: PersistClient) -> RootRecord | list[str]:
 
 
 def create_root(client: PersistClient, proposal: RootRecord) -> RootRecord:
-    """Write ``proposal`` as version 1 unless a root exists; return the root that won."""
+    """Write ``proposal`` as version 1 unless a root exists; return the root that won.
+
+    Storage failures, and an uncertain write found not to have landed, are
+    tried again until the client's retry deadline (:func:`persist.retry_until`).
+    """
     data = proposal.encode()
-    deadline = time.monotonic() + client.config.retry_deadline_s
-    attempt = 0
-    while True:
+
+    def attempt(_: Attempts) -> RootRecord:
         try:
             res = client.consensus.compare_and_set(ROOT_KEY, None, data)
         except Indeterminate:
             # It may have landed: whatever is there now is the answer.
             res = CaSResult.MISMATCH
-        except ExternalError:
-            attempt += 1
-            if time.monotonic() > deadline:
-                raise
-            backoff(attempt)
-            continue
         if res is CaSResult.COMMITTED:
             return replace(proposal, seqno=1)
         root = read_root(client)
-        if root is not None:
-            return root
-        attempt += 1  # an indeterminate write that did not land: try again
-        if time.monotonic() > deadline:
+        if root is None:  # an indeterminate write that did not land: try again
             raise Indeterminate(f"could not create the database root record at {ROOT_KEY}")
-        backoff(attempt)
+        return root
+
+    return retry_until(attempt, retry_on=ExternalError, deadline_s=client.config.retry_deadline_s)
 
 
 def update_root(client: PersistClient, change: dict[str, Any]) -> RootRecord:
@@ -186,22 +196,6 @@ def new_proposal(now_ms: int) -> RootRecord:
         created_ms=now_ms,
         retention_ms=DEFAULT_RETENTION_MS,
     )
-
-
-T = TypeVar("T")
-
-
-def _retrying(client: PersistClient, op: Callable[[], T]) -> T:
-    deadline = time.monotonic() + client.config.retry_deadline_s
-    attempt = 0
-    while True:
-        try:
-            return op()
-        except ExternalError:
-            attempt += 1
-            if time.monotonic() > deadline:
-                raise
-            backoff(attempt)
 
 
 __all__ = ["DEFAULT_RETENTION_MS", "ROOT_KEY", "RootRecord", "create_root", "new_proposal", "read_root", "update_root"]

@@ -68,6 +68,7 @@ from persist import (
     SchemaMismatch,
     ShardId,
     WriteHandle,
+    finish_all,
 )
 from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
@@ -1037,17 +1038,11 @@ class Transaction:
         A builder that finished moves its batch over (so an abort deletes its
         parts); one that failed stays. Raises the first failure.
         """
-        items = sorted(self._builders.items())
-
-        results = each(lambda b: b.finish(), [b for _, b in items])
-        failure: BaseException | None = None
-        for ((d, sign), _b), res in zip(items, results, strict=True):
-            if isinstance(res, BaseException):
-                failure = failure or res
-                continue
+        done, failure = finish_all(dict(sorted(self._builders.items())), each)
+        for (d, sign), batch in done.items():
             del self._builders[(d, sign)]
-            if res.rows:
-                self._batches.setdefault(d, []).append(res)
+            if batch.rows:
+                self._batches.setdefault(d, []).append(batch)
         if failure is not None:
             raise failure
 
