@@ -13,7 +13,7 @@ rename does not stop the subscription (it follows the data, not the name).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
@@ -22,13 +22,24 @@ from txns.db.catalog import TableEntry
 from txns.subscribe import DataSubscribe
 
 if TYPE_CHECKING:
-    from txns.db.database import Database
+    from persist import PersistClient
+    from txns.db.root import RootRecord
+
+
+class Location(Protocol):
+    """What a subscription needs of the database (``Database`` has it): its client and root record."""
+
+    @property
+    def client(self) -> PersistClient: ...
+
+    @property
+    def root(self) -> RootRecord: ...
 
 
 class TableSubscription:
     """Changes of one table from ``as_of`` on (see the module doc). Close it when done."""
 
-    def __init__(self, db: Database, e: TableEntry, as_of: int, until: int | None = None) -> None:
+    def __init__(self, db: Location, e: TableEntry, as_of: int, until: int | None = None) -> None:
         self.entry = e
         self._sub = DataSubscribe(db.client, db.root.txns_id, e.data_id, as_of, until=until)
         # the data shard's key holds every column, the primary key's first (txns.db.catalog.data_schema)
@@ -76,4 +87,4 @@ class TableSubscription:
         self.close()
 
 
-__all__ = ["TableSubscription"]
+__all__ = ["Location", "TableSubscription"]
