@@ -357,8 +357,8 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
 
     db = txns.connect(db_url)
     _bank(db, {"alice": 1})
-    oracle = SharedOracle(db)
-    real = db.latest
+    oracle = SharedOracle(db.timeline)
+    real = db.timeline.latest
     entered = threading.Event()
     release = threading.Event()
 
@@ -368,12 +368,12 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
         release.wait(5)  # a head read in flight, holding an old answer
         return ts
 
-    db.latest = slow_latest  # type: ignore[method-assign]
+    db.timeline.latest = slow_latest  # type: ignore[method-assign]
     got: dict[str, int] = {}
     first = threading.Thread(target=lambda: got.__setitem__("first", oracle.read_ts()))
     first.start()
     assert entered.wait(5)
-    db.latest = real  # type: ignore[method-assign]
+    db.timeline.latest = real  # type: ignore[method-assign]
     with db.transaction() as t:  # completes while the first head read is still in flight
         t.upsert("accounts", [{"account": "alice", "balance": 2}])
     committed = t.commit_info.ts  # type: ignore[union-attr]
@@ -406,7 +406,7 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
                 tick.wait(0.001)
         return real()
 
-    db.latest = held  # type: ignore[method-assign]
+    db.timeline.latest = held  # type: ignore[method-assign]
     out: list[int] = []
     threads = [threading.Thread(target=lambda: out.append(oracle.read_ts())) for _ in range(16)]
     before = oracle.head_reads
@@ -414,7 +414,7 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
         th.start()
     for th in threads:
         th.join()
-    db.latest = real  # type: ignore[method-assign]
+    db.timeline.latest = real  # type: ignore[method-assign]
     assert cv.waits >= 15, "the callers did not pile up behind the first read"
     assert len(out) == 16 and min(out) >= committed
     assert oracle.head_reads - before == 2  # the held read, then one for every caller that waited

@@ -399,7 +399,7 @@ def test_get_pushes_the_key_into_the_reads_and_caches(db: txns.Database, monkeyp
     assert len(filters) == 2 and all(f is not None for f in filters)
     assert "x7" in str(filters[0])
     # a point read returns just the key's row, even from a big table
-    table = keyed_mod.read_at(db, db.entry("accounts", db.latest()), db.latest(), ["account"], filters[0])
+    table = keyed_mod.read_at(db.planner, db.entry("accounts", db.latest()), db.latest(), ["account"], filters[0])
     assert table.to_pylist() == [{"account": "x7"}]
 
 

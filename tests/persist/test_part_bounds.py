@@ -298,7 +298,7 @@ def test_get_fetches_only_the_part_that_may_hold_the_key(many_parts: tuple[txns.
     # many keys in one read: only the parts that may hold one of them
     keys = [(5, "eu"), (5, "us"), (455, "eu"), (220, "us"), (1000, "us")]
     counter.parts = 0
-    found = committed_rows(db, e, db.latest(), keys)
+    found = committed_rows(db.planner, e, db.latest(), keys)
     assert {k: v[0] if v else None for k, v in found.items()} == {k: full.get(k) for k in keys}
     assert counter.parts == 2
     counter.parts = 0

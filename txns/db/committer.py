@@ -304,16 +304,16 @@ class Committer:
     def _settle_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
         """Each member committed at its ``commit_ts``: settle it, tell the oracles, and apply in the background."""
         self._oracles.observe(max(commit_ts))
+        self.group_commits += 1
+        self.grouped_transactions += len(group)
+        if len(group) > 1:  # (recorded before any member returns: its caller may ask at once)
+            with self._queue_lock:
+                self._shared.extend(sorted(set(commit_ts)))
         written: dict[str, int] = {}
         for q, ts in zip(group, commit_ts, strict=True):
             written.update(q.req.written)
             q.result = (ts, q.read_ts)
             q.done = True
-        self.group_commits += 1
-        self.grouped_transactions += len(group)
-        if len(group) > 1:
-            with self._queue_lock:
-                self._shared.extend(sorted(set(commit_ts)))
         self._applier.submit(max(commit_ts), written)
 
     def _commit_queued(self, group: list[_Pending]) -> None:

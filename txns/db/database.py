@@ -43,7 +43,7 @@ import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -83,7 +83,6 @@ if TYPE_CHECKING:
     from txns.db.table import Table
     from txns.db.transaction import CommitInfo, Transaction
 
-T = TypeVar("T")
 
 RUN_MAX_ATTEMPTS = 16
 """Kept for compatibility: ``db.run`` no longer stops after a count by default (see ``RUN_DEADLINE_S``)."""

@@ -70,14 +70,10 @@ class History:
         self._entry = entry
 
     def history(self, table: str | None = None, limit: int | None = None) -> pa.Table:
-        """Committed transactions, newest first, as an Arrow table.
+        """``db.history(table, limit)``: committed transactions, newest first (``HISTORY_SCHEMA``).
 
-        Columns: ``ts`` (int64), ``time`` (timestamp[ms, UTC]), ``txn_id``,
-        ``tables`` (names written or changed), ``rows_added``,
-        ``rows_retracted``, ``operations`` (DDL, e.g. ``create orders``),
-        ``metadata`` (the JSON given to ``db.transaction(metadata=...)``).
-        ``table`` keeps the transactions that touched that table (by its
-        data shard: renames included); ``limit`` keeps the newest ones.
+        ``table``: only those that touched it (by its data shard, so renames
+        are included); ``limit``: only the newest ones.
         """
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise InvalidUsage(f"limit must be a non-negative int or None, got {limit!r}")
