@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pytest
 
 import txns
-from persist import InvalidUsage, PersistClient, ReadBelowSince, SchemaMismatch
+from persist import InvalidUsage, PersistClient, PersistConfig, ReadBelowSince, SchemaMismatch
 from tests.seaweedfs import S3_BACKENDS
 from txns.db import clock
 
@@ -34,10 +34,10 @@ GOOD = [{"id": 1, "name": "a", "amount": 1.5}]
 
 
 class Store:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, config: PersistConfig | None = None) -> None:
         self.root = root
         self.url = f"file://{root}"
-        self.db = txns.connect(self.url)
+        self.db = txns.connect(self.url, config=config)
         self.db.create_table("t", SCHEMA)
         with self.db.transaction() as t:
             t.insert("t", GOOD)

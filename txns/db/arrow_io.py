@@ -1,9 +1,20 @@
 """Arrow in and out: user data to a table's exact schema, and results to pandas / Polars.
 
-Inputs accepted by ``insert`` / ``retract``: a ``pyarrow.Table``,
-``RecordBatch`` or ``RecordBatchReader`` (streamed batch by batch: bounded
-memory), a pandas ``DataFrame``, a Polars ``DataFrame``, a list of dicts (one
-per row) or a dict of columns.
+Inputs accepted by ``insert`` / ``retract``: a ``pyarrow.Table`` or
+``RecordBatch``, a pandas ``DataFrame``, a Polars ``DataFrame`` (or
+``LazyFrame``, collected), a list of dicts (one per row), a dict of columns,
+or a stream: a ``pyarrow.RecordBatchReader`` or any other object exporting
+``__arrow_c_stream__`` (the Arrow PyCapsule interface: a DuckDB relation, a
+DataFusion DataFrame, a Spark DataFrame given to ``retract``, ...).
+
+Streams (:func:`stream_of`) are read batch by batch: ``insert`` conforms
+each batch and hands it to the table's batch builder, which spills parts at
+the part size, so memory stays bounded whatever the stream's length. A
+stream's schema is checked (column names) before its first batch is read;
+each batch's values are checked as it arrives. The in-memory kinds above
+keep their own paths even where they export ``__arrow_c_stream__`` too
+(pyarrow, pandas, Polars); a Spark DataFrame given to ``insert`` is written
+by its executors (:mod:`txns.db.engines`) before any of this applies.
 
 Conforming rules (:func:`conform`), each failure a ``SchemaMismatch`` naming
 the table and column, raised before anything is written:
@@ -109,7 +120,7 @@ def _batches(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Tabl
     if isinstance(data, pa.RecordBatchReader):
         yield from data
         return
-    module = type(data).__module__ or ""
+    module = _module(data)
     if module.startswith("pandas"):
         import pandas as pd
 
@@ -138,10 +149,60 @@ def _batches(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Tabl
     if isinstance(data, (list, tuple)):
         yield from _rows(list(data), table_name)
         return
+    reader = stream_of(data, table_name)
+    if reader is not None:
+        yield from reader
+        return
     raise InvalidUsage(
         f"table {table_name!r}: cannot insert a {type(data).__module__}.{type(data).__name__}; pass a pyarrow "
-        f"Table, RecordBatch or RecordBatchReader, a pandas or Polars DataFrame, a list of dicts, or a dict of columns"
+        f"Table, RecordBatch or RecordBatchReader, a pandas or Polars DataFrame, a list of dicts, a dict of columns, "
+        f"or any object exporting __arrow_c_stream__ (a DuckDB relation, a DataFusion DataFrame, ...)"
     )
+
+
+def stream_of(data: object, table_name: str) -> pa.RecordBatchReader | None:
+    """``data`` as a reader to consume batch by batch if it is a stream (see the module doc), else None.
+
+    A foreign stream (not a ``RecordBatchReader``) is opened here: for a
+    DuckDB relation that starts its query. InvalidUsage if the object's
+    stream is not one of record batches (e.g. a Polars Series).
+    """
+    if isinstance(data, pa.RecordBatchReader):
+        return data
+    if isinstance(data, (pa.Table, pa.RecordBatch)) or _module(data).startswith(("pandas", "polars")):
+        return None  # (in memory already: their own paths)
+    if not hasattr(type(data), "__arrow_c_stream__"):
+        return None
+    try:
+        return pa.RecordBatchReader.from_stream(_Exported(data))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise InvalidUsage(
+            f"table {table_name!r}: this {_module(data)}.{type(data).__name__} exports an Arrow stream that is not "
+            f"one of rows (record batches): {_short(e)}; pass a table-like object"
+        ) from None
+
+
+class _Exported:
+    """An object's Arrow stream, asked for without a requested schema.
+
+    We never ask a producer to cast (the conversions are ours, checked for
+    loss), and some producers take no argument at all (DuckDB 1.1.0's
+    relations), while ``RecordBatchReader.from_stream`` always passes one.
+    """
+
+    __slots__ = ("_obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
+        if requested_schema is None:
+            return self._obj.__arrow_c_stream__()
+        return self._obj.__arrow_c_stream__(requested_schema)
+
+
+def _module(data: object) -> str:
+    return type(data).__module__ or ""
 
 
 def _rows(rows: list[Any], table_name: str) -> Iterator[pa.Table]:
@@ -189,7 +250,8 @@ def conform(piece: pa.Table | pa.RecordBatch, schema: pa.Schema, table_name: str
     extra = [n for n in have if n not in want]
     if missing or extra:
         raise SchemaMismatch(
-            f"table {table_name!r} has columns {want}; the data is missing {missing} and has unexpected {extra}"
+            f"table {table_name!r} has columns {want}; the data is missing {missing} and has unexpected {extra}: "
+            f"select, rename or add columns so that the data has exactly the table's"
         )
     if len(set(have)) != len(have):
         raise SchemaMismatch(f"table {table_name!r}: the data repeats a column: {have}")
@@ -280,6 +342,18 @@ def conformed(data: object, schema: pa.Schema, table_name: str) -> Iterator[pa.T
         yield conform(piece, schema, table_name)
 
 
+def conformed_stream(reader: pa.RecordBatchReader, schema: pa.Schema, table_name: str) -> Iterator[pa.Table]:
+    """``reader``'s batches as tables of exactly ``schema``, one at a time; its columns are checked first.
+
+    SchemaMismatch before any batch is read when the stream's columns are not
+    the table's (an empty stream with the wrong columns is refused too).
+    """
+    conform(reader.schema.empty_table(), schema, table_name)
+    for batch in reader:
+        if batch.num_rows:
+            yield conform(batch, schema, table_name)
+
+
 def arrow_pieces(data: object, table_name: str) -> Iterator[pa.RecordBatch | pa.Table]:
     """``data`` (any supported input) as Arrow pieces, unconformed (columns and types as given)."""
     yield from _batches(data, table_name)
@@ -305,4 +379,13 @@ def to_polars(table: pa.Table) -> Any:
     return pl.from_arrow(table)
 
 
-__all__ = ["arrow_pieces", "check_input", "conform", "conformed", "to_pandas", "to_polars"]
+__all__ = [
+    "arrow_pieces",
+    "check_input",
+    "conform",
+    "conformed",
+    "conformed_stream",
+    "stream_of",
+    "to_pandas",
+    "to_polars",
+]

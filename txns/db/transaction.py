@@ -12,8 +12,9 @@ Invariants:
 - Each call either takes effect in the transaction or raises having changed
   nothing: inputs are converted and checked (columns, types, nulls; for
   ``retract``, that the rows are there) before anything is buffered. A
-  streamed input (``RecordBatchReader``) goes to its own batch, abandoned
-  whole if a later piece is bad.
+  streamed input (a ``RecordBatchReader``, any ``__arrow_c_stream__``)
+  goes to a batch of its own, abandoned whole (its parts deleted) if a
+  later piece is bad or the source fails.
 - The transaction sees its own changes: a table it created, renamed or
   dropped is visible under its new name (or gone) for its later calls.
 - Every read (``get``, ``read``, and the checks of ``retract``, keyed
@@ -71,7 +72,7 @@ from persist import (
     finish_all,
 )
 from txns.db import clock
-from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed
+from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed, conformed_stream, stream_of
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, check_writable, data_schema
 from txns.db.committer import CommitRequest
 from txns.db.engines import engine_of
@@ -357,8 +358,9 @@ class Transaction:
         check_input(data, table)
         if e.primary_key is not None:
             return self._insert_keyed(e, data)
-        if isinstance(data, pa.RecordBatchReader):
-            return self._insert_stream(e, data)
+        reader = stream_of(data, table)
+        if reader is not None:  # a RecordBatchReader or any Arrow stream (a DuckDB relation, ...)
+            return self._insert_stream(e, reader)
         pieces = list(conformed(data, e.schema, table))  # every piece checked before any is buffered
         rows = 0
         for p in pieces:
@@ -374,7 +376,7 @@ class Transaction:
         b = self._writer(e.data_id).builder(0, 1)
         rows = 0
         try:
-            for p in conformed(reader, e.schema, e.name):
+            for p in conformed_stream(reader, e.schema, e.name):
                 if p.num_rows:
                     b.add_table(self._updates(p, 1))
                     rows += p.num_rows
