@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from common import emit_json, load
 
@@ -38,6 +37,7 @@ import json, os, sys, time
 import duckdb
 import pyarrow as pa
 mode, root, query = sys.argv[1], sys.argv[2], sys.argv[3]
+duckdb.sql("SET enable_progress_bar = false")  # (it prints to stdout)
 
 def du(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
@@ -95,7 +95,7 @@ def run(rows: int, rounds: int) -> dict[str, list[dict]]:
                 )
             if out.returncode:
                 raise SystemExit(f"{mode} failed:\n{out.stderr}")
-            r = json.loads(out.stdout)
+            r = json.loads(out.stdout.splitlines()[-1])
             assert r["rows"] == rows, r
             runs[mode].append(r)
     return runs

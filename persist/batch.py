@@ -239,7 +239,7 @@ class BatchBuilder:
         """Hand the buffered rows to an upload (never waits, never fails)."""
         if not self._tables:
             return
-        table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
+        table = sort_updates(pa.concat_tables(self._tables))
         self._tables, self._buffered = [], 0
         key = part_key(self.shard_id)
         self._slots.append(_Slot(key, table, self._submit(key, table)))
@@ -301,7 +301,7 @@ class BatchBuilder:
                 return small
         self._take_rows()
         if not self._slots and self._tables:
-            table = sort_updates(pa.concat_tables(self._tables).combine_chunks())
+            table = sort_updates(pa.concat_tables(self._tables))
             # (an encoding is about as big as the buffers: skip encoding what cannot fit)
             if table.nbytes <= 2 * self.inline_max_bytes:
                 inline = encode_inline(table)

@@ -177,15 +177,16 @@ def sort_updates(table: pa.Table) -> pa.Table:
     """Rows sorted by every column but ``diff`` (key, val, ts).
 
     Rows whose first column strictly increases are in that order already
-    (no ties for the later columns to break): they are returned as they are,
-    after one comparison pass instead of a sort (inserts of a sequence, a
-    query's ordered result).
+    (no ties for the later columns to break): they are returned as they are
+    (chunks too: no copy), after one comparison pass instead of a sort
+    (inserts of a sequence, a query's ordered result). Sorted rows are
+    contiguous.
     """
     if table.num_rows <= 1 or _strictly_increasing(table.column(0)):
         return table
     order = [(n, "ascending") for n in table.column_names if n != "diff"]
     try:
-        return table.sort_by(order)
+        return table.combine_chunks().sort_by(order)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return table  # a type Arrow cannot sort; parts stay unsorted, which is allowed
 

@@ -22,7 +22,7 @@ TYPES: dict[str, tuple[pa.DataType, st.SearchStrategy[Any]]] = {
     "uint8": (pa.uint8(), st.integers(0, 255)),
     "string": (pa.string(), st.text(max_size=3)),
     "binary": (pa.large_binary(), st.binary(max_size=3)),
-    "timestamp": (pa.timestamp("us", tz="UTC"), st.datetimes(timezones=st.just(dt.timezone.utc))),
+    "timestamp": (pa.timestamp("us", tz="UTC"), st.datetimes(timezones=st.just(dt.UTC))),
     "float64": (pa.float64(), st.floats(allow_nan=False)),  # (never taken as sorted: always sorted)
 }
 
