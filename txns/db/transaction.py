@@ -338,8 +338,8 @@ class Transaction:
     @staticmethod
     def _updates(table: pa.Table, diff: int) -> pa.Table:
         n = table.num_rows
-        table = table.append_column(pa.field("ts", pa.uint64()), pa.repeat(pa.scalar(0, pa.uint64()), n))
-        return table.append_column(pa.field("diff", pa.int64()), pa.repeat(pa.scalar(diff, pa.int64()), n))
+        table = table.append_column(pa.field("ts", pa.uint64()), _constant(0, pa.uint64(), n))
+        return table.append_column(pa.field("diff", pa.int64()), _constant(diff, pa.int64(), n))
 
     @_serialized
     def insert(self, table: str, data: object) -> int:
@@ -1180,6 +1180,21 @@ class Transaction:
                 except Exception:  # noqa: BLE001
                     pass
         self._batches = {}
+
+
+_CONSTANTS: dict[tuple[int, str], pa.Array] = {}
+_CONSTANT_MAX_ROWS = 1 << 20
+
+
+def _constant(value: int, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of ``value``: a slice of one cached array (up to 1M rows; no new buffers per batch)."""
+    if n > _CONSTANT_MAX_ROWS:
+        return pa.repeat(pa.scalar(value, type_), n)
+    key = (value, str(type_))
+    cached = _CONSTANTS.get(key)
+    if cached is None or len(cached) < n:  # (a race makes two arrays at worst: both right)
+        cached = _CONSTANTS[key] = pa.repeat(pa.scalar(value, type_), n)
+    return cached.slice(0, n)
 
 
 def _with_diff(t: pa.Table, diff: int) -> pa.Table:
