@@ -7,7 +7,8 @@ The reference is DuckDB's own ``COPY (QUERY) TO 'x.parquet'`` of the same
 query (its default, Snappy, and with ZSTD, which is what our parts use).
 
 Every writer runs in a fresh process (imports excluded from its time, the
-commit included), so its peak RSS (``VmHWM``) is its own; the writers take
+commit included), so its peak RSS (``VmHWM``) and CPU time (every thread
+of the process, DuckDB's included) are its own; the writers take
 turns over ``--rounds`` rounds, so a change in the machine's load hits all
 alike, and each one's best time counts (the median is shown too). Bytes are
 what the writer left on disk: the Parquet file, or every file the insert
@@ -49,9 +50,9 @@ if mode.startswith("copy"):
     codec = mode.split("-", 1)[1]
     out = os.path.join(root, "x.parquet")
     start_rss = rss_kb("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     duckdb.sql(f"COPY ({query}) TO '{out}' (FORMAT parquet, COMPRESSION {codec})")
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     rows = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}')").fetchall()[0][0]
     nbytes = os.path.getsize(out)
 else:
@@ -62,15 +63,15 @@ else:
     db._settle()
     before = du(os.path.join(root, "db"))
     start_rss = rss_kb("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with db.transaction() as t:
         t.insert("t", duckdb.sql(query))
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     db._settle()  # (the background apply: its state counts in the bytes, not in the time)
     rows = db.table("t").count()
     nbytes = du(os.path.join(root, "db")) - before
     db.close()
-print(json.dumps({"rows": rows, "secs": secs, "bytes": nbytes,
+print(json.dumps({"rows": rows, "secs": secs, "cpu": cpu, "bytes": nbytes,
                   "peak_rss_mb": rss_kb("VmHWM") / 1024, "start_rss_mb": start_rss / 1024}))
 """
 
@@ -103,17 +104,22 @@ def run(rows: int, rounds: int) -> dict[str, list[dict]]:
 
 def report(rows: int, runs: dict[str, list[dict]]) -> None:
     print(f"\n### Writing the {rows:,}-row result of `{QUERY.format(rows=rows)}` ({load()})\n")
-    print("| writer | best time (median) (s) | bytes (MiB) | peak RSS (MiB) | time vs COPY | bytes vs COPY |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| writer | best time (median) (s) | CPU (s) | bytes (MiB) | peak RSS (MiB) | time vs COPY | CPU vs COPY "
+        "| bytes vs COPY |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     best = {m: min(rs, key=lambda x: x["secs"]) for m, rs in runs.items()}
+    cpu = {m: min(x["cpu"] for x in rs) for m, rs in runs.items()}
     base = best["copy-snappy"]
     for mode, label in MODES:
         r = best[mode]
         secs = sorted(x["secs"] for x in runs[mode])
         rss = max(x["peak_rss_mb"] for x in runs[mode])
         print(
-            f"| {label} | {r['secs']:.2f} ({secs[len(secs) // 2]:.2f}) | {r['bytes'] / (1 << 20):.1f} | {rss:.0f} | "
-            f"{r['secs'] / base['secs']:.2f}x | {r['bytes'] / base['bytes']:.2f}x |"
+            f"| {label} | {r['secs']:.2f} ({secs[len(secs) // 2]:.2f}) | {cpu[mode]:.2f} | "
+            f"{r['bytes'] / (1 << 20):.1f} | {rss:.0f} | {r['secs'] / base['secs']:.2f}x | "
+            f"{cpu[mode] / cpu['copy-snappy']:.2f}x | {r['bytes'] / base['bytes']:.2f}x |"
         )
     print()
 
