@@ -109,6 +109,22 @@ def test_polars_frames_and_readers_through_the_capsule(db: txns.Database) -> Non
         assert db.table(name).to_arrow().sort_by("id").equals(data), name
 
 
+def test_a_datafusion_dataframe_and_string_views(db: txns.Database) -> None:
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    db.create_table("views", schema)
+    views = pa.table({"id": [1, 2, 3], "s": pa.array(["a", None, "c"], pa.string_view())})
+    with db.transaction() as t:
+        assert t.insert("views", Exported(views)) == 3  # (pyarrow 18 cannot compare string views)
+    assert db.table("views").to_arrow().sort_by("id").to_pylist() == views.cast(schema).to_pylist()
+    datafusion = pytest.importorskip("datafusion")
+    db.create_table("df", schema)
+    frame = datafusion.SessionContext().sql("SELECT value AS id, 'r' || CAST(value AS VARCHAR) AS s FROM range(1000)")
+    with db.transaction() as t:
+        assert t.insert("df", frame) == 1000
+    got = db.table("df").to_arrow().sort_by("id")
+    assert got.to_pylist() == [{"id": i, "s": f"r{i}"} for i in range(1000)]
+
+
 def test_a_long_stream_is_written_with_bounded_memory() -> None:
     """At most a few parts' worth of the stream's batches is alive at once, and the bytes held stay small.
 

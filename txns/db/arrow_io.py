@@ -300,6 +300,10 @@ def _convert(col: pa.ChunkedArray, field: pa.Field, table_name: str) -> pa.Chunk
         ) from None
     if ks == "null" or all_null:
         return out
+    if ks == kd and ks in ("string", "binary"):
+        # another layout of the same bytes (views, 64-bit offsets): the safe cast is the check (and
+        # pyarrow before 19 cannot compare string views, which DataFusion's streams carry)
+        return out
     if ks == "float" and kd == "float":
         lost = pc.and_(_is_finite(col), pc.invert(_is_finite(out)))
     else:
