@@ -7,6 +7,7 @@ Usage (also ``python -m txns``)::
     txns tables  URL [--as-of T] [--json]
     txns show    URL TABLE [--as-of T] [--limit N] [--json]
     txns history URL [--table T] [--limit N] [--json]
+    txns sql     URL QUERY [--as-of T] [--json|--csv]
     txns inspect URL [TXNS_ID] [--json]
     txns apply   URL [TXNS_ID] [--json]
     txns compact URL [TXNS_ID] [--table NAME]... [--spark] [--master URL] [--json]
@@ -41,6 +42,7 @@ Set ``TXNS_DEBUG=1`` for tracebacks.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -48,10 +50,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
+import pyarrow as pa
+
 from persist import InvalidUsage, PersistClient, PersistError, ShardId
 from persist.url import accepted_forms, local_path, redact, validate_url
 from txns.admin import TxnsView, apply_and_tidy, collect_garbage, compact_txns, open_handle, read_txns, txns_state
-from txns.db.commands import UsageError, add_commands, compact_db, gc_reason, table_names, txns_id_of
+from txns.db.commands import (
+    UsageError,
+    _cell,
+    _grid,
+    _when,
+    add_commands,
+    compact_db,
+    gc_reason,
+    open_db,
+    parse_as_of,
+    table_names,
+    txns_id_of,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -315,6 +331,43 @@ def cmd_check_store(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def cmd_sql(args: argparse.Namespace, out: TextIO) -> int:
+    """``txns sql URL QUERY``: DuckDB over the database's tables, all as of one time (see :mod:`txns.duckdb`)."""
+    from txns.duckdb import EngineNotInstalled, load_duckdb
+
+    try:
+        duckdb = load_duckdb()
+    except EngineNotInstalled as e:
+        raise CliError(str(e)) from None
+    db = open_db(args.url)
+    try:
+        as_of = db.resolve(parse_as_of(args.as_of))
+        try:
+            rel = db.sql(args.query, as_of=as_of)
+            table = rel.arrow()
+        except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException) as e:
+            raise CliError(f"DuckDB refused the query: {e}") from None
+        if isinstance(table, pa.RecordBatchReader):
+            table = table.read_all()
+    finally:
+        db.close()
+    names = list(table.schema.names)
+    records = table.to_pylist()
+    if args.json:
+        doc = {"as_of": as_of, "time": _when(as_of), "columns": names, "rows": records, "total_rows": len(records)}
+        out.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    elif args.csv:
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(names)
+        w.writerows([["" if v is None else v for v in r.values()] for r in records])
+    else:
+        out.write(f"{len(records)} rows as of {_when(as_of)} (ts {as_of})\n")
+        if names:
+            cells = [names] + [[_cell(v) for v in r.values()] for r in records]
+            out.write("\n".join(_grid(cells)) + "\n")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from txns.demo import run_demo
 
@@ -351,6 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_commands(sub)
+
+    q = sub.add_parser("sql", help="run a SQL query (DuckDB) over the database's tables, all as of one time")
+    q.add_argument("url", metavar="URL")
+    q.add_argument("query", metavar="QUERY", help='e.g. "SELECT sum(balance) FROM accounts"')
+    q.add_argument("--as-of", default=None, metavar="T", help="a timestamp or an ISO datetime (default: latest)")
+    fmt = q.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--csv", action="store_true", help="print CSV (a header, then the rows)")
+    q.set_defaults(func=cmd_sql)
 
     def target(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("url", metavar="URL", help=f"store URL: {' or '.join(accepted_forms(shared_only=True))}")

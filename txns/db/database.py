@@ -518,6 +518,17 @@ class Database:
         ts = self.oracle(isolation).read_ts() if as_of is None else self.resolve(as_of)
         return ReadTransaction(self, ts)
 
+    def sql(self, query: str, as_of: AsOf = None) -> Any:
+        """``query`` run by DuckDB over this database's tables, all as of one time (None: the latest commit).
+
+        Returns the DuckDB relation (``.arrow()``, ``.df()``, ``.pl()``). Needs
+        ``pip install 'txns[duckdb]'``; see :mod:`txns.duckdb`.
+        """
+        from txns.duckdb import sql
+
+        self._check_open()
+        return sql(self, query, as_of)
+
     # ---- reads (forwards for txns.spark until it uses the engine interface) -------------------
 
     def plan(self, entry: TableEntry, ts: int) -> SnapshotPlan:

@@ -84,9 +84,64 @@ class Table:
         """Like :meth:`to_arrow`, as a pandas DataFrame."""
         return to_pandas(self.to_arrow(as_of, columns=columns, filter=filter))
 
-    def to_polars(self, as_of: AsOf = None, *, columns: list[str] | None = None, filter: Any = None) -> Any:
-        """Like :meth:`to_arrow`, as a Polars DataFrame."""
-        return to_polars(self.to_arrow(as_of, columns=columns, filter=filter))
+    def to_polars(
+        self, as_of: AsOf = None, *, columns: list[str] | None = None, filter: Any = None, lazy: bool = False
+    ) -> Any:
+        """Like :meth:`to_arrow`, as a Polars DataFrame; ``lazy=True``: a ``LazyFrame`` over :meth:`to_dataset`.
+
+        A lazy frame reads nothing until collected; Polars pushes its
+        projections and filters (``pl.col(...)``) into the part files.
+        ``filter`` (a pyarrow expression) is for eager reads only.
+        """
+        if not lazy:
+            return to_polars(self.to_arrow(as_of, columns=columns, filter=filter))
+        if filter is not None:
+            raise InvalidUsage("filter= is for eager reads; on a lazy frame use .filter(pl.col(...)) instead")
+        from txns.db.dataset import lazy_polars
+
+        e, _ = self._at(as_of)
+        cols = check_columns(e.schema, columns)
+        return lazy_polars(self.to_dataset(as_of), cols)
+
+    def to_dataset(self, as_of: AsOf = None, *, hold_s: float | None = None) -> Any:
+        """The rows at ``as_of`` as a lazy ``pyarrow.dataset.Dataset``, for engines that push work down.
+
+        The snapshot is fixed now. DuckDB, Polars, DataFusion and pyarrow
+        read the compacted part files themselves (projection, filters,
+        row groups skipped by statistics); parts that need consolidation
+        (uncompacted retractions, rows inserted more than once in one write,
+        recent inline rows) are consolidated into memory now. See
+        :mod:`txns.db.dataset`. Part files stay readable for the store's
+        ``part_grace_s`` after compaction retires them; ``hold_s`` keeps
+        them that many seconds (one write).
+        """
+        from txns.db.dataset import part_files, snapshot_dataset
+
+        e, ts = self._at(as_of)
+        db = self.db
+        files = part_files(db.url, db.client.blob)
+
+        def build(plan: Any) -> Any:
+            reader = PlanReader(db.client.blob, plan, list(e.schema.names), None, db.client.config.retry_deadline_s)
+            return snapshot_dataset(reader, files)
+
+        if hold_s is not None:
+            db.client.hold_parts(e.data_id, hold_s)
+        return db.with_replan(e, ts, build)
+
+    def __arrow_c_schema__(self) -> Any:
+        """The table's schema as an Arrow PyCapsule (the Arrow C data interface)."""
+        return self.schema.__arrow_c_schema__()
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """The table's rows as an Arrow C stream PyCapsule: :meth:`scan` at the latest time (bounded memory).
+
+        So ``pa.table(t)``, ``pl.DataFrame(t)``, ``duckdb.sql("... FROM t")``
+        and DataFusion's ``from_arrow(t)`` take a table directly. Each stream
+        is the table at the time it is made (a table of ``db.read()``: at the
+        read's time).
+        """
+        return self.scan().__arrow_c_stream__(requested_schema)
 
     def count(self, as_of: AsOf = None) -> int:
         """How many rows the table has at ``as_of``."""

@@ -1,0 +1,150 @@
+"""``Table.to_dataset``: direct part files where the snapshot allows, consolidated rows elsewhere; pushdown.
+
+Every result is checked against ``to_arrow`` (the checked, consolidated
+read) as the model, as a multiset of rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pytest
+
+import txns
+from persist import PersistConfig
+from tests import helpers
+from txns.db.dataset import direct_files
+
+SCHEMA = pa.schema([("y", pa.int64()), ("x", pa.int64()), ("name", pa.string())])
+
+
+def rows(t: pa.Table) -> Counter[tuple[object, ...]]:
+    return Counter(tuple(r.values()) for r in t.to_pylist())
+
+
+def batch(lo: int, n: int) -> pa.Table:
+    ys = list(range(lo, lo + n))
+    return pa.table({"y": ys, "x": [y * 2 for y in ys], "name": [f"n{y}" for y in ys]}, schema=SCHEMA)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[txns.Database]:
+    # parts for every write (no inline rows) unless a test asks otherwise
+    d = txns.connect(helpers.file_url(tmp_path / "db"), config=PersistConfig(inline_max_bytes=0))
+    yield d
+    d.close()
+
+
+def fill(db: txns.Database, writes: int = 10, n: int = 100) -> txns.Table:
+    t = db.create_table("t", SCHEMA)
+    for i in range(writes):
+        with db.transaction() as tx:
+            tx.insert("t", batch(i * n, n))
+    return t
+
+
+def test_inserted_only_table_is_read_directly_and_filters_skip_parts(db: txns.Database) -> None:
+    t = fill(db)
+    d = t.to_dataset()
+    assert isinstance(d, ds.FileSystemDataset)  # no retraction, diff 1: every part direct
+    assert len(d.files) == 10
+    assert rows(d.to_table()) == rows(t.to_arrow())
+    # pushdown: a filter on y keeps the row groups whose statistics may match, and no others
+    f = pc.field("y") >= 950
+    kept = [rg for frag in d.get_fragments() for rg in frag.split_by_row_group(filter=f)]
+    total = sum(frag.metadata.num_row_groups for frag in d.get_fragments())
+    assert total == 10 and len(kept) == 1
+    got = d.to_table(columns=["x"], filter=f)
+    assert got.column_names == ["x"] and sorted(got.column("x").to_pylist()) == [y * 2 for y in range(950, 1000)]
+
+
+def test_uncompacted_retractions_are_consolidated_and_other_parts_stay_direct(db: txns.Database) -> None:
+    t = fill(db)
+    gone = batch(120, 3).to_pylist()  # rows of the second write's part only
+    with db.transaction() as tx:
+        tx.retract("t", gone)
+        tx.insert("t", batch(5000, 2))  # (a new part, diff 1, outside the retracted keys)
+    with db.transaction() as tx:  # the same row twice
+        tx.insert("t", pa.concat_tables([batch(7000, 1), batch(7000, 1)]))
+    d = t.to_dataset()
+    want = t.to_arrow()
+    assert want.num_rows == 1000 - 3 + 2 + 2
+    assert rows(d.to_table()) == rows(want)
+    assert isinstance(d, ds.UnionDataset)
+    # the part holding the retracted rows and the retraction's part are consolidated; the other
+    # nine inserts' parts, the new part and the duplicates' part are read directly
+    e = db.entry("t", db.latest())
+    refs = [ref for run in db.plan(e, db.latest()).runs for ref in run.parts]
+    near = {ref.key.rsplit("/", 1)[-1] for ref in refs if ref.lo <= 122 and ref.hi >= 120}  # type: ignore[operator]
+    direct = {f.rsplit("/", 1)[-1] for f in direct_files(d)}
+    assert len(refs) == 13 and len(near) == 2
+    assert len(direct) == 11 and near.isdisjoint(direct)
+    # filters and projections still apply to both halves
+    f = (pc.field("y") >= 100) & (pc.field("y") < 200)
+    assert rows(d.to_table(filter=f)) == rows(t.to_arrow(filter=f))
+    # compaction within the retained history keeps the retraction (times are not merged): same rows
+    db.compact()
+    assert rows(t.to_dataset().to_table()) == rows(want)
+    # with no history kept, compaction consolidates: one part, the duplicate stored once with diff 2,
+    # read directly (its second copy added in memory)
+    db.set_table_retention("t", dt.timedelta(0))
+    db.compact()
+    d2 = t.to_dataset()
+    assert rows(d2.to_table()) == rows(want)
+    assert len(list(direct_files(d2))) == 1 and isinstance(d2, ds.UnionDataset)
+    assert d2.children[1].count_rows() == 1  # the one extra copy
+
+
+def test_retraction_of_every_part_consolidates_everything(db: txns.Database) -> None:
+    t = fill(db, writes=3)
+    with db.transaction() as tx:
+        tx.retract("t", [batch(0, 1).to_pylist()[0], batch(100, 1).to_pylist()[0], batch(200, 1).to_pylist()[0]])
+    d = t.to_dataset()
+    assert list(direct_files(d)) == []
+    assert rows(d.to_table()) == rows(t.to_arrow()) and d.count_rows() == 297
+
+
+def test_snapshot_is_fixed_when_made_and_as_of_reads_the_past(db: txns.Database) -> None:
+    t = fill(db, writes=2)
+    before = db.latest()
+    d = t.to_dataset()
+    with db.transaction() as tx:
+        tx.retract("t", batch(0, 50).to_pylist())
+        tx.insert("t", batch(9000, 5))
+    assert d.count_rows() == 200  # made before the commit
+    assert t.to_dataset().count_rows() == 155
+    past = t.to_dataset(as_of=before)
+    assert rows(past.to_table()) == rows(t.to_arrow(as_of=before))
+    with db.read(as_of=before) as r:
+        assert rows(r.table("t").to_dataset().to_table()) == rows(t.to_arrow(as_of=before))
+
+
+def test_inline_rows_and_mem_locations(tmp_path: Path) -> None:
+    for url in (helpers.file_url(tmp_path / "inline"), helpers.mem_url("engines-ds")):
+        db = txns.connect(url)  # small writes ride inline in the log
+        t = db.create_table("t", SCHEMA)
+        with db.transaction() as tx:
+            tx.insert("t", batch(0, 5))
+        with db.transaction() as tx:
+            tx.retract("t", batch(0, 1))
+        d = t.to_dataset()
+        assert rows(d.to_table()) == rows(t.to_arrow()) and d.count_rows() == 4
+        db.close()
+
+
+@pytest.mark.s3
+def test_s3_parts_are_read_through_pyarrow_s3(s3_url_factory) -> None:  # type: ignore[no-untyped-def]
+    db = txns.connect(s3_url_factory("engines"), config=PersistConfig(inline_max_bytes=0))
+    try:
+        t = fill(db, writes=3, n=50)
+        d = t.to_dataset()
+        assert isinstance(d, ds.FileSystemDataset) and len(d.files) == 3
+        assert rows(d.to_table(filter=pc.field("y") < 10)) == rows(t.to_arrow(filter=pc.field("y") < 10))
+    finally:
+        db.close()

@@ -1,0 +1,106 @@
+"""DuckDB over a database: SQL across its tables, every table at one timestamp.
+
+``connect(db, as_of)`` gives a DuckDB connection in which every table of
+the database is a view of its lazy dataset (:meth:`Table.to_dataset`), all
+taken from one read transaction (``db.read(as_of)``): whatever commits
+while the views are made or queried, a query joining several tables sees
+them all as of ``r.ts``. ``sql(db, query, as_of)`` (``db.sql``) does the
+same for just the tables the query names and returns the query's DuckDB
+relation (``.arrow()``, ``.df()``, ``.pl()``, ``.fetchall()``).
+
+DuckDB is optional (``pip install 'txns[duckdb]'``): it is imported on
+first use here, never by ``import txns``; without it these raise
+:class:`EngineNotInstalled` (an ``ImportError``) saying what to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from persist import InvalidUsage
+
+if TYPE_CHECKING:
+    from txns.db.database import AsOf, Database
+    from txns.db.read_txn import ReadTransaction
+
+
+class EngineNotInstalled(ImportError):
+    """An optional query engine is not installed; the message says which extra to install."""
+
+
+def load_duckdb() -> ModuleType:
+    """The ``duckdb`` module, or :class:`EngineNotInstalled`."""
+    try:
+        return importlib.import_module("duckdb")
+    except ImportError:
+        raise EngineNotInstalled(
+            "DuckDB is not installed; install it with: pip install 'txns[duckdb]' (or pip install duckdb)"
+        ) from None
+
+
+def _register(con: Any, r: ReadTransaction, names: Iterable[str]) -> None:
+    for name in names:
+        con.register(name, r.table(name).to_dataset())
+
+
+def connect(db: Database, as_of: AsOf = None, *, tables: Iterable[str] | None = None) -> Any:
+    """A new in-memory DuckDB connection with each table of ``db`` as a view, all as of one time.
+
+    ``as_of`` as for ``db.read`` (None: the latest commit); ``tables``
+    limits the views to those names. The views stay at that time for the
+    connection's life; connect again for a later one.
+    """
+    duckdb = load_duckdb()
+    con = duckdb.connect()
+    with db.read(as_of) as r:
+        names = r.tables() if tables is None else list(tables)
+        _register(con, r, names)
+    return con
+
+
+def words(duckdb: ModuleType, query: str) -> set[str]:
+    """Every identifier or keyword of ``query``, unquoted and lowercased: a superset of the tables it names.
+
+    (Registering a table the query does not use costs only its planning;
+    DuckDB's own ``get_table_names`` binds the query, which needs the
+    tables first.)
+    """
+    try:
+        tokens = duckdb.tokenize(query)
+    except duckdb.Error as e:
+        raise InvalidUsage(f"cannot parse the query: {e}") from None
+    kinds = {duckdb.token_type.identifier, duckdb.token_type.keyword}
+    ends = [pos for pos, _ in tokens[1:]] + [len(query)]
+    out = set()
+    for (pos, kind), end in zip(tokens, ends, strict=True):
+        if kind in kinds:
+            text = query[pos:end].strip()
+            if len(text) >= 2 and text[0] == text[-1] == '"':
+                text = text[1:-1].replace('""', '"')
+            out.add(text.lower())
+    return out
+
+
+def sql(db: Database, query: str, as_of: AsOf = None) -> Any:
+    """``query`` run by DuckDB over the tables it names, all as of one time; its DuckDB relation.
+
+    Table names are DuckDB identifiers: case-insensitive unless quoted.
+    A query naming no table of the database runs as plain DuckDB.
+    """
+    duckdb = load_duckdb()
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidUsage(f"query must be a SQL string, got {query!r}")
+    named = words(duckdb, query)
+    con = duckdb.connect()
+    with db.read(as_of) as r:
+        _register(con, r, [n for n in r.tables() if n.lower() in named])
+    rel = con.sql(query)
+    if rel is None:
+        raise InvalidUsage(f"the query returns no rows to read (a statement such as CREATE or SET?): {query!r}")
+    return rel
+
+
+__all__ = ["EngineNotInstalled", "connect", "load_duckdb", "sql"]
