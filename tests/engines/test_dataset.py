@@ -14,12 +14,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 
 import txns
 from persist import PersistConfig
+from persist.url import local_path
 from tests import helpers
-from txns.db.dataset import direct_files
+from txns.db.dataset import PartFiles, direct_files, snapshot_dataset
+from txns.db.scan import PlanReader
 
 SCHEMA = pa.schema([("y", pa.int64()), ("x", pa.int64()), ("name", pa.string())])
 
@@ -35,8 +39,11 @@ def batch(lo: int, n: int) -> pa.Table:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[txns.Database]:
-    # parts for every write (no inline rows) unless a test asks otherwise
-    d = txns.connect(helpers.file_url(tmp_path / "db"), config=PersistConfig(inline_max_bytes=0))
+    # parts for every write (no inline rows) unless a test asks otherwise; no background compaction
+    # (it merges small parts at times of its choosing: these tests count parts)
+    d = txns.connect(
+        helpers.file_url(tmp_path / "db"), config=PersistConfig(inline_max_bytes=0, compaction_enabled=False)
+    )
     yield d
     d.close()
 
@@ -140,7 +147,7 @@ def test_inline_rows_and_mem_locations(tmp_path: Path) -> None:
 
 @pytest.mark.s3
 def test_s3_parts_are_read_through_pyarrow_s3(s3_url_factory) -> None:  # type: ignore[no-untyped-def]
-    db = txns.connect(s3_url_factory("engines"), config=PersistConfig(inline_max_bytes=0))
+    db = txns.connect(s3_url_factory("engines"), config=PersistConfig(inline_max_bytes=0, compaction_enabled=False))
     try:
         t = fill(db, writes=3, n=50)
         d = t.to_dataset()
@@ -148,3 +155,83 @@ def test_s3_parts_are_read_through_pyarrow_s3(s3_url_factory) -> None:  # type: 
         assert rows(d.to_table(filter=pc.field("y") < 10)) == rows(t.to_arrow(filter=pc.field("y") < 10))
     finally:
         db.close()
+
+
+class CountingFiles(pafs.FileSystemHandler):
+    """A local file system that counts the bytes read from each file (what an engine really read)."""
+
+    def __init__(self) -> None:
+        self.fs = pafs.LocalFileSystem()
+        self.read: Counter[str] = Counter()
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def equals(self, other: object) -> bool:
+        return other is self
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(selector)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        inner, read = self.fs.open_input_file(path), self.read
+
+        class Counted:
+            closed = False
+
+            def read(self, n: int = -1) -> bytes:
+                data = inner.read(n)
+                read[path] += len(data)
+                return bytes(data)
+
+            def seek(self, pos: int, whence: int = 0) -> int:
+                return inner.seek(pos, whence)
+
+            def tell(self) -> int:
+                return inner.tell()
+
+            def size(self) -> int:
+                return inner.size()
+
+            def close(self) -> None:
+                inner.close()
+
+        return pa.PythonFile(Counted(), mode="r")
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return self.open_input_file(path)
+
+    def _no(self, *args: object) -> None:
+        raise NotImplementedError("read-only")
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _no
+    move = copy_file = open_output_stream = open_append_stream = _no
+
+
+def test_duckdb_reads_only_the_row_groups_a_filter_can_match(db: txns.Database) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    t = fill(db, writes=10, n=1000)
+    e = db.entry("t", db.latest())
+    counting = CountingFiles()
+    files = PartFiles(pafs.PyFileSystem(counting), str(local_path(db.url) / "blob"))  # type: ignore[operator]
+    reader = PlanReader(db.client.blob, db.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
+    d = snapshot_dataset(reader, files)
+    assert isinstance(d, ds.FileSystemDataset) and len(d.files) == 10
+    counting.read.clear()
+    assert duckdb.sql("SELECT sum(x) FROM d").fetchall() == [(sum(range(10_000)) * 2,)]
+    full = dict(counting.read)
+    counting.read.clear()
+    assert duckdb.sql("SELECT sum(x) FROM d WHERE y >= 9000").fetchall() == [(sum(range(9000, 10_000)) * 2,)]
+    pruned = dict(counting.read)
+    # the full scan read every part; the filter (footers known by then) read the one part that can match
+    assert len(full) == 10 and len(pruned) == 1
+    assert sum(pruned.values()) < 0.2 * sum(full.values())
+    (path,) = pruned
+    assert pq.read_metadata(path).row_group(0).column(0).statistics.min == 9000
+    assert t.count() == 10_000
