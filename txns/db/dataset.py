@@ -35,7 +35,8 @@ system: ``mem://``), or a ``UnionDataset`` of the two.
 
 Integrity. The engine's reads of direct parts check persist's per-page
 CRC-32 (``page_checksum_verification``) instead of the whole part's CRC-32C;
-the part's size is checked against its descriptor here.
+each part's footer is read here at the part's recorded size (a file of
+another size fails to parse: ``CorruptObject``), once: the engine reuses it.
 
 Lifetime. Direct parts stay readable for ``part_grace_s`` (5 minutes by
 default) after compaction retires them; ``hold_s`` holds them longer (one
@@ -114,32 +115,32 @@ class _Footer:
     types_match: bool
 
 
-def _footer(files: PartFiles, ref: PartRef, schema: pa.Schema) -> _Footer | None:
-    """A direct candidate's footer facts; None when unknown (no statistics). Checks the part's size."""
+def _fragment(files: PartFiles, ref: PartRef, schema: pa.Schema) -> tuple[Any, _Footer | None]:
+    """A part's fragment, its footer read (and kept: the engine does not read it again), and the footer's facts.
+
+    Facts None: unknown (no statistics). The footer is read at the part's
+    recorded size: a file of another size fails there (CorruptObject).
+    """
+    path = files.path(ref.key)
+    frag = parquet_format().make_fragment(path, filesystem=files.fs, file_size=ref.size)
     try:
-        f = files.fs.open_input_file(files.path(ref.key))
-    except FileNotFoundError:
-        raise PartRetired(f"part {ref.key} is gone (retired by compaction?)", ref.key) from None
-    with f:
-        if f.size() != ref.size:
-            raise CorruptObject(ref.key, f"size {f.size()} != recorded {ref.size}")
-        try:
-            pf = pq.ParquetFile(f)
-            meta, stored = pf.metadata, pf.schema_arrow
-        except Exception as e:  # noqa: BLE001 - any decode failure of a part means corrupt
-            raise CorruptObject(ref.key, f"unreadable Parquet footer: {e}") from None
+        frag.ensure_complete_metadata()
+        meta, stored = frag.metadata, frag.physical_schema
+    except Exception as e:  # noqa: BLE001 - a part that is not there (retired), else one that is damaged
+        if isinstance(e, FileNotFoundError) or files.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            raise PartRetired(f"part {ref.key} is gone (retired by compaction?)", ref.key) from None
+        raise CorruptObject(ref.key, f"unreadable Parquet footer: {e}") from None
     stats = footer_stats(meta)
     if stats is None:
-        return None
+        return frag, None
     match = all(c.name in stored.names and stored.field(c.name).type == c.type for c in schema)
-    return _Footer(stats[0], stats[1], stats[2], match)
+    return frag, _Footer(stats[0], stats[1], stats[2], match)
 
 
-def _extra_copies(files: PartFiles, path: str, reader: PlanReader) -> pa.Table:
+def _extra_copies(frag: Any, reader: PlanReader) -> pa.Table:
     """The rows of a part stored with ``diff`` n > 1, with ``diff`` n - 1 (row groups without any: skipped)."""
     schema = reader.empty().schema
-    part = ds.FileSystemDataset.from_paths([path], schema=schema, format=parquet_format(), filesystem=files.fs)
-    t = part.to_table(filter=pc.field("diff") > 1)
+    t = frag.to_table(schema=schema, filter=pc.field("diff") > 1)
     return t.set_column(t.schema.get_field_index("diff"), "diff", pc.subtract(t.column("diff"), 1)).cast(schema)
 
 
@@ -161,7 +162,8 @@ def snapshot_dataset(reader: PlanReader, files: PartFiles | None) -> ds.Dataset:
     live: list[tuple[Run, PartRef]] = [
         (run, ref) for run in plan.runs if run.ts_rewrite is None or run.ts_rewrite <= plan.as_of for ref in run.parts
     ]
-    footers = list(ordered(lambda item: _footer(files, item[1], schema), live, FOOTERS_AHEAD))
+    opened = list(ordered(lambda item: _fragment(files, item[1], schema), live, FOOTERS_AHEAD))
+    footers = [foot for _, foot in opened]
     memory: list[pa.Table] = [t for run in plan.runs if (t := reader.inline(run)) is not None and t.num_rows]
     negatives = [t.filter(pc.less(t.column("diff"), 0)) for t in memory]
     for (run, ref), foot in zip(live, footers, strict=True):
@@ -174,9 +176,9 @@ def snapshot_dataset(reader: PlanReader, files: PartFiles | None) -> ds.Dataset:
         bounds = bound_values(values, schema.field(first).type)
         touched = {ref.key for run in prune_runs(tuple(run for run, _ in live), bounds) for ref in run.parts}
         touched |= {ref.key for _, ref in live if ref.lo is None or ref.hi is None}
-    direct: list[str] = []
+    direct: list[Any] = []
     rest: list[tuple[Run, PartRef]] = []
-    for (run, ref), foot in zip(live, footers, strict=True):
+    for (run, ref), (frag, foot) in zip(live, opened, strict=True):
         ok = (
             foot is not None
             and foot.types_match
@@ -187,15 +189,13 @@ def snapshot_dataset(reader: PlanReader, files: PartFiles | None) -> ds.Dataset:
         if not ok:
             rest.append((run, ref))
             continue
-        direct.append(files.path(ref.key))
+        direct.append(frag)
         if foot is not None and foot.diff_max > 1:  # (the file gives each row once: its other copies in memory)
-            memory.append(_extra_copies(files, files.path(ref.key), reader))
+            memory.append(_extra_copies(frag, reader))
     memory += [t for t in ordered(lambda item: reader.part(*item), rest, FOOTERS_AHEAD) if t.num_rows]
     parts: list[ds.Dataset] = []
     if direct:
-        parts.append(
-            ds.FileSystemDataset.from_paths(direct, schema=schema, format=parquet_format(), filesystem=files.fs)
-        )
+        parts.append(ds.FileSystemDataset(direct, schema=schema, format=parquet_format(), filesystem=files.fs))
     if memory or not direct:
         rows = consolidate(pa.concat_tables(memory), reader.columns) if memory else schema.empty_table()
         parts.append(ds.dataset(rows.cast(schema), schema=schema))
