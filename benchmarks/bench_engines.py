@@ -66,17 +66,22 @@ def build(root: Path, n: int) -> txns.Database:
     return db
 
 
-def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any, int]:
-    """(median seconds, the last result, peak RSS growth over the runs)."""
-    fn()  # warm-up (file cache, imports)
-    base = rss_bytes()
-    reset_peak_rss()
-    times, out = [], None
+def compare(ours: Callable[[], Any], base: Callable[[], Any], repeat: int) -> dict[str, Any]:
+    """Median seconds of each (runs interleaved, so load drifts hit both), results, and peak RSS growth of each."""
+    got = {"ours": ours(), "base": base()}  # (warm-up: file cache, imports)
+    times: dict[str, list[float]] = {"ours": [], "base": []}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out, max(0, peak_rss_bytes() - base)
+        for k, fn in (("ours", ours), ("base", base)):
+            t0 = time.perf_counter()
+            got[k] = fn()
+            times[k].append(time.perf_counter() - t0)
+    rss = {}
+    for k, fn in (("ours", ours), ("base", base)):
+        before = rss_bytes()
+        reset_peak_rss()
+        fn()
+        rss[k] = max(0, peak_rss_bytes() - before)
+    return {"s": {k: statistics.median(v) for k, v in times.items()}, "got": got, "rss": rss}
 
 
 def run(n: int, repeat: int) -> dict[str, Any]:
@@ -140,10 +145,11 @@ def run(n: int, repeat: int) -> dict[str, Any]:
         ]
         rows, results = [], []
         for name, ours, base, want, how in cases:
-            s_ours, got_ours, rss_ours = timed(ours, repeat)
-            s_base, got_base, rss_base = timed(base, repeat)
+            m = compare(ours, base, repeat)
+            got_ours, got_base = m["got"]["ours"], m["got"]["base"]
             if got_ours != got_base or (want is not None and got_ours != want):
                 raise SystemExit(f"{name}: txns gave {got_ours}, Parquet {got_base}, expected {want}")
+            s_ours, s_base = m["s"]["ours"], m["s"]["base"]
             ratio = s_ours / s_base
             rows.append(
                 [
@@ -152,8 +158,8 @@ def run(n: int, repeat: int) -> dict[str, Any]:
                     f"{s_ours * 1000:.0f} ms",
                     f"{s_base * 1000:.0f} ms",
                     f"{ratio:.2f}x",
-                    human_bytes(rss_ours),
-                    human_bytes(rss_base),
+                    human_bytes(m["rss"]["ours"]),
+                    human_bytes(m["rss"]["base"]),
                 ]
             )
             results.append(
@@ -163,8 +169,8 @@ def run(n: int, repeat: int) -> dict[str, Any]:
                     "txns_s": s_ours,
                     "parquet_s": s_base,
                     "ratio": ratio,
-                    "txns_peak_rss_growth": rss_ours,
-                    "parquet_peak_rss_growth": rss_base,
+                    "txns_peak_rss_growth": m["rss"]["ours"],
+                    "parquet_peak_rss_growth": m["rss"]["base"],
                 }
             )
         print(

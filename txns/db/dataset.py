@@ -54,7 +54,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from persist import CorruptObject, PartRetired, SnapshotPlan
 from persist.location import Blob
@@ -162,7 +161,8 @@ def snapshot_dataset(reader: PlanReader, files: PartFiles | None) -> ds.Dataset:
     live: list[tuple[Run, PartRef]] = [
         (run, ref) for run in plan.runs if run.ts_rewrite is None or run.ts_rewrite <= plan.as_of for ref in run.parts
     ]
-    opened = list(ordered(lambda item: _fragment(files, item[1], schema), live, FOOTERS_AHEAD))
+    workers = 1 if isinstance(files.fs, pafs.LocalFileSystem) else FOOTERS_AHEAD  # (local footers: no wait to hide)
+    opened = list(ordered(lambda item: _fragment(files, item[1], schema), live, FOOTERS_AHEAD, workers))
     footers = [foot for _, foot in opened]
     memory: list[pa.Table] = [t for run in plan.runs if (t := reader.inline(run)) is not None and t.num_rows]
     negatives = [t.filter(pc.less(t.column("diff"), 0)) for t in memory]
@@ -211,10 +211,9 @@ def lazy_polars(d: ds.Dataset, columns: list[str]) -> Any:
     import polars as pl
 
     if isinstance(d, ds.FileSystemDataset) and isinstance(d.filesystem, pafs.LocalFileSystem):
-        files = list(d.files)
-        schemas = {pq.read_schema(f).remove_metadata() for f in files}
+        schemas = {frag.physical_schema.remove_metadata() for frag in d.get_fragments()}  # (footers kept)
         if len(schemas) == 1:
-            return pl.scan_parquet(files).select(columns)
+            return pl.scan_parquet(list(d.files)).select(columns)
     return pl.scan_pyarrow_dataset(d).select(columns)
 
 
