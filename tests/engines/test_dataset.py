@@ -108,6 +108,20 @@ def test_uncompacted_retractions_are_consolidated_and_other_parts_stay_direct(db
     assert d2.children[1].count_rows() == 1  # the one extra copy
 
 
+def test_keyed_table_updates_consolidate_the_parts_of_their_keys(db: txns.Database) -> None:
+    # the primary key is not the first column: part bounds are of the key (the shard's first column)
+    k = db.create_table("k", pa.schema([("v", pa.int64()), ("id", pa.int64())]), primary_key=["id"])
+    for i in range(5):
+        with db.transaction() as tx:
+            tx.insert("k", [{"id": j, "v": j + 10_000} for j in range(i * 100, i * 100 + 100)])
+    with db.transaction() as tx:
+        tx.update("k", 250, {"v": -1})
+    d = k.to_dataset()
+    assert rows(d.to_table()) == rows(k.to_arrow()) and d.count_rows() == 500
+    assert d.to_table(filter=pc.field("id") == 250).to_pylist() == [{"v": -1, "id": 250}]
+    assert len(list(direct_files(d))) == 4  # the four inserts without key 250
+
+
 def test_retraction_of_every_part_consolidates_everything(db: txns.Database) -> None:
     t = fill(db, writes=3)
     with db.transaction() as tx:
@@ -236,3 +250,20 @@ def test_duckdb_reads_only_the_row_groups_a_filter_can_match(db: txns.Database) 
     (path,) = pruned
     assert pq.read_metadata(path).row_group(0).column(0).statistics.min == 9000
     assert t.count() == 10_000
+
+
+def test_parts_pyarrow_cannot_reach_are_consolidated_in_memory(db: txns.Database) -> None:
+    t = fill(db, writes=2, n=10)
+    e = db.entry("t", db.latest())
+    nowhere = pafs.S3FileSystem(
+        endpoint_override="127.0.0.1:9",  # (the discard port: nothing listens)
+        scheme="http",
+        access_key="x",
+        secret_key="x",
+        region="us-east-1",
+        connect_timeout=1,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
+    )
+    reader = PlanReader(db.client.blob, db.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
+    d = snapshot_dataset(reader, PartFiles(nowhere, "bucket/blob"))
+    assert isinstance(d, ds.InMemoryDataset) and rows(d.to_table()) == rows(t.to_arrow())

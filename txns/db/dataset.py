@@ -38,6 +38,10 @@ CRC-32 (``page_checksum_verification``) instead of the whole part's CRC-32C;
 each part's footer is read here at the part's recorded size (a file of
 another size fails to parse: ``CorruptObject``), once: the engine reuses it.
 
+Reach. When pyarrow cannot read the part files (S3 credentials it does not
+find, an endpoint it cannot reach), the whole snapshot is consolidated in
+memory instead, with a warning in the log.
+
 Lifetime. Direct parts stay readable for ``part_grace_s`` (5 minutes by
 default) after compaction retires them; ``hold_s`` holds them longer (one
 PUT, :meth:`persist.PersistClient.hold_parts`).
@@ -45,6 +49,7 @@ PUT, :meth:`persist.PersistClient.hold_parts`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +65,9 @@ from persist.location import Blob
 from persist.manifest import PartRef, Run, bound_values, prune_runs
 from persist.s3 import S3Blob
 from persist.url import local_path
-from txns.db.scan import PlanReader, consolidate, footer_stats, ordered
+from txns.db.scan import PlanReader, consolidate, footer_stats, ordered, read_table
+
+log = logging.getLogger(__name__)
 
 FOOTERS_AHEAD = 8
 """Part footers read at once while planning a dataset."""
@@ -155,25 +162,27 @@ def snapshot_dataset(reader: PlanReader, files: PartFiles | None) -> ds.Dataset:
     plan: SnapshotPlan = reader.plan
     schema = reader.out_schema
     if files is None:
-        from txns.db.scan import read_table
-
         return ds.dataset(read_table(reader), schema=schema)
     live: list[tuple[Run, PartRef]] = [
         (run, ref) for run in plan.runs if run.ts_rewrite is None or run.ts_rewrite <= plan.as_of for ref in run.parts
     ]
     workers = 1 if isinstance(files.fs, pafs.LocalFileSystem) else FOOTERS_AHEAD  # (local footers: no wait to hide)
-    opened = list(ordered(lambda item: _fragment(files, item[1], schema), live, FOOTERS_AHEAD, workers))
+    try:
+        opened = list(ordered(lambda item: _fragment(files, item[1], schema), live, FOOTERS_AHEAD, workers))
+    except OSError as e:  # pyarrow cannot read the parts as files (credentials, endpoint): through the blob
+        log.warning("reading the parts of %s as files failed (%s); consolidating the snapshot in memory", files.base, e)
+        return ds.dataset(read_table(reader), schema=schema)
     footers = [foot for _, foot in opened]
     memory: list[pa.Table] = [t for run in plan.runs if (t := reader.inline(run)) is not None and t.num_rows]
     negatives = [t.filter(pc.less(t.column("diff"), 0)) for t in memory]
     for (run, ref), foot in zip(live, footers, strict=True):
         if foot is None or foot.diff_min < 0:
             negatives.append(reader.part(run, ref, negative_only=True))
-    first = schema.names[0]
-    values = [v for t in negatives for v in t.column(first).to_pylist()]
+    first = reader.arrow.field(0)  # (the shard's first column, which part bounds are of: a primary key's first)
+    values = [v for t in negatives for v in t.column(first.name).to_pylist()]
     touched: set[str] = set()
     if values:
-        bounds = bound_values(values, schema.field(first).type)
+        bounds = bound_values(values, first.type)
         touched = {ref.key for run in prune_runs(tuple(run for run, _ in live), bounds) for ref in run.parts}
         touched |= {ref.key for _, ref in live if ref.lo is None or ref.hi is None}
     direct: list[Any] = []
