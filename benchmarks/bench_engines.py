@@ -7,7 +7,9 @@ tenth ``y``). Then, in one run, each case's median time over ``--repeat``
 runs, txns against the baseline, and the ratio:
 
 - DuckDB ``SELECT sum(x) FROM t [WHERE y >= cut]`` through ``t.to_dataset()``
-  (made afresh for every run: its footer reads are counted) against DuckDB
+  (made afresh for every run: its footer reads are counted) and through
+  ``db.sql`` (a view over the same parts, DuckDB's own Parquet reader for
+  direct local parts) against DuckDB
   ``read_parquet`` of the very part files the dataset names: a full scan,
   and a filter whose statistics prune 90% of the row groups; also the
   full scan through the Arrow PyCapsule (DuckDB on the table variable: no
@@ -112,6 +114,9 @@ def run(n: int, repeat: int) -> dict[str, Any]:
             tt = t  # noqa: F841 - DuckDB finds the variable by name (the Table: its PyCapsule stream)
             return duckdb.sql("SELECT sum(x) FROM tt").fetchall()[0][0]
 
+        def sql_one(where: str) -> Callable[[], Any]:
+            return lambda: db.sql(f"SELECT sum(x) FROM t {where}").fetchall()[0][0]
+
         join = "SELECT count(*), sum(t.x + u.z) FROM t JOIN u USING (y)"
 
         def join_txns() -> Any:
@@ -132,6 +137,7 @@ def run(n: int, repeat: int) -> dict[str, Any]:
         where = f"WHERE y >= {cut}"
         cases = [
             ("DuckDB sum(x), full scan", duck_dataset(""), duck_parquet(""), want_full, "to_dataset"),
+            ("DuckDB sum(x), full scan", sql_one(""), duck_parquet(""), want_full, "db.sql"),
             ("DuckDB sum(x), full scan", duck_capsule, duck_parquet(""), want_full, "PyCapsule (no pushdown)"),
             (
                 "DuckDB sum(x) WHERE y >= cut (90% of row groups pruned)",
@@ -139,6 +145,13 @@ def run(n: int, repeat: int) -> dict[str, Any]:
                 duck_parquet(where),
                 want_cut,
                 "to_dataset",
+            ),
+            (
+                "DuckDB sum(x) WHERE y >= cut (90% of row groups pruned)",
+                sql_one(where),
+                duck_parquet(where),
+                want_cut,
+                "db.sql",
             ),
             ("DuckDB join t, u (one snapshot)", join_txns, join_parquet, None, "db.sql"),
             ("Polars lazy sum(x) WHERE y >= cut", polars_txns, polars_parquet, want_cut, "to_polars(lazy=True)"),

@@ -6,7 +6,10 @@ taken from one read transaction (``db.read(as_of)``): whatever commits
 while the views are made or queried, a query joining several tables sees
 them all as of ``r.ts``. ``sql(db, query, as_of)`` (``db.sql``) does the
 same for just the tables the query names and returns the query's DuckDB
-relation (``.arrow()``, ``.df()``, ``.pl()``, ``.fetchall()``).
+relation (``.arrow()``, ``.df()``, ``.pl()``, ``.fetchall()``), run on a new
+connection (``cursor()``) to a DuckDB database private to this module and
+shared by its calls (a new database costs about 0.1 s; a connection,
+nothing); the views are temporary, so calls never see each other's.
 
 DuckDB is optional (``pip install 'txns[duckdb]'``): it is imported on
 first use here, never by ``import txns``; without it these raise
@@ -16,6 +19,7 @@ first use here, never by ``import txns``; without it these raise
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -57,17 +61,26 @@ def view(con: Any, name: str, d: ds.Dataset) -> None:
     stores as themselves, are read by DuckDB's own Parquet reader
     (``read_parquet`` of the files, as fast as a plain Parquet table; it
     does not verify page checksums); the consolidated rows, and any other
-    dataset, through Arrow.
+    dataset, through Arrow. The consolidated rows of such a view are the
+    connection's table ``txns_rows__NAME`` (a name no table of a database can
+    have: ``txns_`` is reserved).
     """
     files, rest = _split(d)
     if files is None:
-        con.register(name, d)
+        con.register(name, d)  # (a view local to this connection)
         return
-    cols = ", ".join('"' + c.replace('"', '""') + '"' for c in d.schema.names)
-    rel = con.read_parquet(list(files.files)).select(cols)
+    cols = ", ".join(_quote(c) for c in d.schema.names)
+    paths = ", ".join("'" + p.replace("'", "''") + "'" for p in files.files)
+    sources = [f"SELECT {cols} FROM read_parquet([{paths}])"]
     if rest is not None:
-        rel = rel.union(con.from_arrow(rest.to_table()).select(cols))
-    rel.create_view(name)
+        rows = f"txns_rows__{name}"  # (the reserved prefix: no table of the database is named so)
+        con.register(rows, rest.to_table())
+        sources.append(f"SELECT {cols} FROM {_quote(rows)}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_quote(name)} AS " + " UNION ALL ".join(sources))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _split(d: ds.Dataset) -> tuple[ds.FileSystemDataset | None, ds.Dataset | None]:
@@ -118,6 +131,20 @@ def connect(db: Database, as_of: AsOf = None, *, tables: Iterable[str] | None = 
     return con
 
 
+_PRIVATE: dict[str, Any] = {}
+_PRIVATE_LOCK = threading.Lock()
+
+
+def _private(duckdb: ModuleType) -> Any:
+    """This process's DuckDB database for ``sql``: each call gets its own connection to it (``cursor()``),
+    whose views are temporary, so calls never see each other's tables."""
+    with _PRIVATE_LOCK:
+        con = _PRIVATE.get("db")
+        if con is None:
+            con = _PRIVATE["db"] = duckdb.connect()
+        return con
+
+
 def words(duckdb: ModuleType, query: str) -> set[str]:
     """Every identifier or keyword of ``query``, unquoted and lowercased: a superset of the tables it names.
 
@@ -151,7 +178,7 @@ def sql(db: Database, query: str, as_of: AsOf = None) -> Any:
     if not isinstance(query, str) or not query.strip():
         raise InvalidUsage(f"query must be a SQL string, got {query!r}")
     named = words(duckdb, query)
-    con = duckdb.connect()
+    con = _private(duckdb).cursor()  # (a new database costs ~0.1 s; a connection to one, nothing)
     with db.read(as_of) as r:
         _register(con, r, [n for n in r.tables() if n.lower() in named])
     rel = con.sql(query)
