@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import txns
-from persist import PersistConfig
+from persist import CorruptObject, PersistConfig
 from persist.url import local_path
 from tests import helpers
 from txns.db.dataset import PartFiles, direct_files, snapshot_dataset
@@ -267,3 +267,14 @@ def test_parts_pyarrow_cannot_reach_are_consolidated_in_memory(db: txns.Database
     reader = PlanReader(db.client.blob, db.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
     d = snapshot_dataset(reader, PartFiles(nowhere, "bucket/blob"))
     assert isinstance(d, ds.InMemoryDataset) and rows(d.to_table()) == rows(t.to_arrow())
+
+
+def test_a_part_of_another_size_is_corrupt(db: txns.Database) -> None:
+    t = fill(db, writes=2, n=10)
+    e = db.entry("t", db.latest())
+    ref = db.plan(e, db.latest()).runs[0].parts[0]
+    path = local_path(db.url) / "blob" / ref.key  # type: ignore[operator]
+    with open(path, "ab") as f:
+        f.write(b"junk")
+    with pytest.raises(CorruptObject, match="size"):
+        t.to_dataset()

@@ -35,8 +35,9 @@ system: ``mem://``), or a ``UnionDataset`` of the two.
 
 Integrity. The engine's reads of direct parts check persist's per-page
 CRC-32 (``page_checksum_verification``) instead of the whole part's CRC-32C;
-each part's footer is read here at the part's recorded size (a file of
-another size fails to parse: ``CorruptObject``), once: the engine reuses it.
+each part's footer is read here, once (the engine reuses it), and a part
+whose size is not the recorded one is ``CorruptObject`` (local files: their
+size is checked; S3: the footer is read at the recorded size).
 
 Reach. When pyarrow cannot read the part files (S3 credentials it does not
 find, an endpoint it cannot reach), the whole snapshot is consolidated in
@@ -124,10 +125,17 @@ class _Footer:
 def _fragment(files: PartFiles, ref: PartRef, schema: pa.Schema) -> tuple[Any, _Footer | None]:
     """A part's fragment, its footer read (and kept: the engine does not read it again), and the footer's facts.
 
-    Facts None: unknown (no statistics). The footer is read at the part's
-    recorded size: a file of another size fails there (CorruptObject).
+    Facts None: unknown (no statistics). A local file of another size than
+    recorded is CorruptObject; on S3 the footer is read at the recorded size
+    (no HEAD request), where a file of another size has no footer.
     """
     path = files.path(ref.key)
+    if isinstance(files.fs, pafs.LocalFileSystem):  # (pyarrow ignores file_size there: checked here, one stat)
+        info = files.fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise PartRetired(f"part {ref.key} is gone (retired by compaction?)", ref.key)
+        if info.size != ref.size:
+            raise CorruptObject(ref.key, f"size {info.size} != recorded {ref.size}")
     frag = parquet_format().make_fragment(path, filesystem=files.fs, file_size=ref.size)
     try:
         frag.ensure_complete_metadata()
