@@ -99,21 +99,25 @@ def _split(d: ds.Dataset) -> tuple[ds.FileSystemDataset | None, ds.Dataset | Non
     return files, rest
 
 
+_NATIVE = (
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_boolean,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+    pa.types.is_date32,
+    pa.types.is_decimal128,
+)
+"""Arrow types DuckDB reads back from Parquet as themselves (timestamps apart: see :func:`_native`)."""
+
+
 def _native(t: pa.DataType) -> bool:
     """Whether DuckDB reads a Parquet column written from Arrow type ``t`` as the type Arrow gives it."""
     if pa.types.is_timestamp(t):
         return bool(t.unit != "s")  # (Parquet has no seconds: stored as milliseconds)
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_floating(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_date32(t)
-        or pa.types.is_decimal128(t)
-    ) and not pa.types.is_float16(t)
+    return any(is_(t) for is_ in _NATIVE) and not pa.types.is_float16(t)
 
 
 def connect(db: Database, as_of: AsOf = None, *, tables: Iterable[str] | None = None) -> Any:

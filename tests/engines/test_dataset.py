@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,17 +34,6 @@ def rows(t: pa.Table) -> Counter[tuple[object, ...]]:
 def batch(lo: int, n: int) -> pa.Table:
     ys = list(range(lo, lo + n))
     return pa.table({"y": ys, "x": [y * 2 for y in ys], "name": [f"n{y}" for y in ys]}, schema=SCHEMA)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[txns.Database]:
-    # parts for every write (no inline rows) unless a test asks otherwise; no background compaction
-    # (it merges small parts at times of its choosing: these tests count parts)
-    d = txns.connect(
-        helpers.file_url(tmp_path / "db"), config=PersistConfig(inline_max_bytes=0, compaction_enabled=False)
-    )
-    yield d
-    d.close()
 
 
 def fill(db: txns.Database, writes: int = 10, n: int = 100) -> txns.Table:

@@ -4,34 +4,28 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pytest
 
 import txns
-from persist import InvalidUsage, PersistConfig
-from tests import helpers
+from persist import InvalidUsage
 
 SCHEMA = pa.schema([("y", pa.int64()), ("x", pa.int64())])
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[txns.Database]:
-    d = txns.connect(
-        helpers.file_url(tmp_path / "db"), config=PersistConfig(inline_max_bytes=0, compaction_enabled=False)
-    )
-    d.create_table("t", SCHEMA)
+def filled(db: txns.Database) -> txns.Database:
+    db.create_table("t", SCHEMA)
     for i in range(4):
-        with d.transaction() as t:
+        with db.transaction() as t:
             t.insert("t", pa.table({"y": list(range(i * 10, i * 10 + 10)), "x": [i] * 10}, schema=SCHEMA))
-    yield d
-    d.close()
+    return db
 
 
-def test_polars_lazy_pushes_down_and_matches_eager(db: txns.Database) -> None:
+def test_polars_lazy_pushes_down_and_matches_eager(filled: txns.Database) -> None:
+    db = filled
     t = db.table("t")
     lf = t.to_polars(lazy=True)
     assert isinstance(lf, pl.LazyFrame)
@@ -48,7 +42,8 @@ def test_polars_lazy_pushes_down_and_matches_eager(db: txns.Database) -> None:
         t.to_polars(lazy=True, filter=pa.compute.field("y") > 1)
 
 
-def test_arrow_pycapsule_into_polars_pyarrow_and_datafusion(db: txns.Database) -> None:
+def test_arrow_pycapsule_into_polars_pyarrow_and_datafusion(filled: txns.Database) -> None:
+    db = filled
     t = db.table("t")
     assert pl.DataFrame(t).height == 40
     assert pa.table(t).schema == SCHEMA

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,22 +13,13 @@ import pytest
 
 import txns
 import txns.duckdb
-from persist import InvalidUsage, PersistConfig
+from persist import InvalidUsage
 from tests import helpers
 
 duckdb = pytest.importorskip("duckdb")
 
 ACCOUNTS = pa.schema([("id", pa.string()), ("balance", pa.int64())])
 TOTAL = 1000
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[txns.Database]:
-    d = txns.connect(
-        helpers.file_url(tmp_path / "db"), config=PersistConfig(inline_max_bytes=0, compaction_enabled=False)
-    )
-    yield d
-    d.close()
 
 
 def bank(db: txns.Database) -> None:
