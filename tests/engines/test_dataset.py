@@ -75,7 +75,7 @@ def test_uncompacted_retractions_are_consolidated_and_other_parts_stay_direct(db
     # the part holding the retracted rows and the retraction's part are consolidated; the other
     # nine inserts' parts, the new part and the duplicates' part are read directly
     e = db.entry("t", db.latest())
-    refs = [ref for run in db.plan(e, db.latest()).runs for ref in run.parts]
+    refs = [ref for run in db.planner.plan(e, db.latest()).runs for ref in run.parts]
     near = {ref.key.rsplit("/", 1)[-1] for ref in refs if ref.lo <= 122 and ref.hi >= 120}  # type: ignore[operator]
     direct = {f.rsplit("/", 1)[-1] for f in direct_files(d)}
     assert len(refs) == 13 and len(near) == 2
@@ -222,7 +222,7 @@ def test_duckdb_reads_only_the_row_groups_a_filter_can_match(db: txns.Database) 
     e = db.entry("t", db.latest())
     counting = CountingFiles()
     files = PartFiles(pafs.PyFileSystem(counting), str(local_path(db.url) / "blob"))  # type: ignore[operator]
-    reader = PlanReader(db.client.blob, db.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
+    reader = PlanReader(db.client.blob, db.planner.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
     d = snapshot_dataset(reader, files)
     assert isinstance(d, ds.FileSystemDataset) and len(d.files) == 10
     assert len(counting.read) == 10  # every footer, read once when the dataset is made (the engine reuses them)
@@ -252,7 +252,7 @@ def test_parts_pyarrow_cannot_reach_are_consolidated_in_memory(db: txns.Database
         connect_timeout=1,
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
     )
-    reader = PlanReader(db.client.blob, db.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
+    reader = PlanReader(db.client.blob, db.planner.plan(e, db.latest()), list(SCHEMA.names), None, 30.0)
     d = snapshot_dataset(reader, PartFiles(nowhere, "bucket/blob"))
     assert isinstance(d, ds.InMemoryDataset) and rows(d.to_table()) == rows(t.to_arrow())
 
@@ -260,7 +260,7 @@ def test_parts_pyarrow_cannot_reach_are_consolidated_in_memory(db: txns.Database
 def test_a_part_of_another_size_is_corrupt(db: txns.Database) -> None:
     t = fill(db, writes=2, n=10)
     e = db.entry("t", db.latest())
-    ref = db.plan(e, db.latest()).runs[0].parts[0]
+    ref = db.planner.plan(e, db.latest()).runs[0].parts[0]
     path = local_path(db.url) / "blob" / ref.key  # type: ignore[operator]
     with open(path, "ab") as f:
         f.write(b"junk")

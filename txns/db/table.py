@@ -107,10 +107,10 @@ class Table:
         """The rows at ``as_of`` as a lazy ``pyarrow.dataset.Dataset``, for engines that push work down.
 
         The snapshot is fixed now. DuckDB, Polars, DataFusion and pyarrow
-        read the compacted part files themselves (projection, filters,
-        row groups skipped by statistics); parts that need consolidation
-        (uncompacted retractions, rows inserted more than once in one write,
-        recent inline rows) are consolidated into memory now. See
+        read the part files themselves (projection, filters, row groups
+        skipped by statistics); what needs consolidation (parts a retraction
+        not yet compacted may cancel rows of, inline rows, parts with times
+        past ``as_of``) is consolidated into memory now. See
         :mod:`txns.db.dataset`. Part files stay readable for the store's
         ``part_grace_s`` after compaction retires them; ``hold_s`` keeps
         them that many seconds (one write).
@@ -127,7 +127,7 @@ class Table:
 
         if hold_s is not None:
             db.client.hold_parts(e.data_id, hold_s)
-        return db.with_replan(e, ts, build)
+        return db.planner.with_replan(e, ts, build)
 
     def __arrow_c_schema__(self) -> Any:
         """The table's schema as an Arrow PyCapsule (the Arrow C data interface)."""
