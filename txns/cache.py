@@ -238,7 +238,6 @@ class TxnsCache:
             # Without a hold, compaction may pass our frontier: start over likewise.
             self._start()
             return
-
         def read(current: ShardState) -> ShardState:
             # (a retry reads on from the frontier: each batch is processed whole or not at all)
             self._read_batches(current)

@@ -230,10 +230,8 @@ def _run(
         t.insert("audit", [{"transfer": 0, "event": f"open {len(ACCOUNTS)} accounts with {OPENING_BALANCE} each"}])
     opened = t.commit_info
     assert opened is not None and opened.time is not None  # the transaction committed rows
-    say(
-        f"\n[2/6] opened {len(ACCOUNTS)} accounts with {OPENING_BALANCE} each at {_hms(opened.time)} "
-        f"(commit timestamp {opened.ts})"
-    )
+    say(f"\n[2/6] opened {len(ACCOUNTS)} accounts with {OPENING_BALANCE} each at {_hms(opened.time)} "
+        f"(commit timestamp {opened.ts})")
     first_ts = opened.ts
 
     # 3. the transfers: each one transaction over three tables
@@ -259,10 +257,8 @@ def _run(
             time.sleep(0.002)
         prog.update(i)
     secs = prog.done()
-    say(
-        f"\n[3/6] committed {n} transfers, each one atomic transaction over accounts, transfers and audit "
-        f"({secs:.1f}s, {n / secs:.0f} txn/s)"
-    )
+    say(f"\n[3/6] committed {n} transfers, each one atomic transaction over accounts, transfers and audit "
+        f"({secs:.1f}s, {n / secs:.0f} txn/s)")
 
     # 4. reads now and by wall-clock time travel, then the checks at every commit
     assert halfway is not None
@@ -300,28 +296,22 @@ def _run(
     if bad:
         say(f"      CHECK FAILED at {len(bad)} points; first: {bad[0]}")
     else:
-        say(
-            f"      total = {TOTAL} at all {len(commit_ts)} commits; at each, every account has one balance and "
-            f"transfers and audit hold the same transfers ({secs:.1f}s)"
-        )
+        say(f"      total = {TOTAL} at all {len(commit_ts)} commits; at each, every account has one balance and "
+            f"transfers and audit hold the same transfers ({secs:.1f}s)")
 
     # 5. history
     say(f"\n[5/6] history: {history.num_rows} commits; the newest three:")
     for r in history.slice(0, 3).to_pylist():
-        say(
-            f"      {_hms(r['time'])}  ts {r['ts']}  {', '.join(r['tables'])}: +{r['rows_added']} "
-            f"-{r['rows_retracted']} rows  metadata {r['metadata']}"
-        )
+        say(f"      {_hms(r['time'])}  ts {r['ts']}  {', '.join(r['tables'])}: +{r['rows_added']} "
+            f"-{r['rows_retracted']} rows  metadata {r['metadata']}")
 
     # 6. retention at work
     before = db.client.inspect(db.entry("accounts", db.latest()).data_id)
     db.set_table_retention("accounts", dt.timedelta(0))
     db.compact()
     after = db.client.inspect(db.entry("accounts", db.latest()).data_id)
-    say(
-        f"\n[6/6] retention: accounts now keeps no history; compaction took its stored rows from "
-        f"{before['rows']} (every balance ever written) to {after['rows']} (the live ones)"
-    )
+    say(f"\n[6/6] retention: accounts now keeps no history; compaction took its stored rows from "
+        f"{before['rows']} (every balance ever written) to {after['rows']} (the live ones)")
     try:
         db.table("accounts").to_arrow(as_of=halfway)
         bad.append("accounts was still readable halfway back after compaction with zero retention")

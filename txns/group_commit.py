@@ -114,12 +114,8 @@ class Queued:
     txn: bytes
 
     def encode(self) -> bytes:
-        head = {
-            "txn_id": self.txn_id,
-            "seen_upper": self.seen_upper,
-            "uncertain": self.uncertain,
-            "batch_ids": sorted(self.batch_ids),
-        }
+        head = {"txn_id": self.txn_id, "seen_upper": self.seen_upper, "uncertain": self.uncertain,
+                "batch_ids": sorted(self.batch_ids)}
         h = json.dumps(head, separators=(",", ":")).encode()
         return frame(KIND_QUEUED, len(h).to_bytes(4, "big") + h + self.txn)
 
@@ -128,9 +124,8 @@ class Queued:
         body = unframe(what, data, KIND_QUEUED)
         n = int.from_bytes(body[:4], "big")
         head = json.loads(body[4 : 4 + n])
-        return Queued(
-            head["txn_id"], head["seen_upper"], head["uncertain"], frozenset(head["batch_ids"]), body[4 + n :]
-        )
+        return Queued(head["txn_id"], head["seen_upper"], head["uncertain"], frozenset(head["batch_ids"]),
+                      body[4 + n :])
 
 
 class SequencerLease:
@@ -375,10 +370,8 @@ class GroupCommitter:
                         h.cache.sync()
                         self._synced_at = time.monotonic()
                     found = [(w, self._committed(w[2])) for w in waiting]
-                    if (
-                        any(ts is None for _, ts in found)
-                        and self._serving is None
-                        and self.lease.hold(fresh=polls % 2 == 1)
+                    if any(ts is None for _, ts in found) and self._serving is None and self.lease.hold(
+                        fresh=polls % 2 == 1
                     ):
                         self._round()
                         found = [(w, self._committed(w[2])) for w in waiting]
@@ -508,12 +501,8 @@ class GroupCommitter:
             t = Txn.from_bytes(q.txn, h)
             gone = [d for d in t.data_ids if not h.cache.registered_at(d, ts)]
             if gone:
-                self._fail(
-                    k,
-                    q,
-                    f"data shard(s) {', '.join(gone)} are not registered at {ts} (forgotten); "
-                    f"transaction {q.txn_id} was not committed",
-                )
+                self._fail(k, q, f"data shard(s) {', '.join(gone)} are not registered at {ts} (forgotten); "
+                                 f"transaction {q.txn_id} was not committed")
                 continue
             t.uncertain = False  # checked just above at this upper, which the commit expects
             if members:

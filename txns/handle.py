@@ -473,7 +473,9 @@ class TxnsHandle:
                     break
             else:
                 updates = [e.update(ts, 1) for e in adds]
-                updates += [Entry(ts, d, b"").update(ts, 1) for d in register if not self.cache.registered_at(d, ts)]
+                updates += [
+                    Entry(ts, d, b"").update(ts, 1) for d in register if not self.cache.registered_at(d, ts)
+                ]
                 if record:
                     updates += self._record_updates(request.members, ts)
                 # SUBTLE: retract only entries present as of `upper`; the CaA below

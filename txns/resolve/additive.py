@@ -132,11 +132,8 @@ def _check(intents: pa.Table, adds: pa.Table | None, base: pa.Table | None) -> t
         base = pa.table({"key": pa.array([], key_type), "val": pa.array([], t.schema.field("val").type)})
     b = base.select(["key", "val"]).combine_chunks()
     b = b.set_column(0, "key", b["key"].cast(key_type))
-    for name, typ in (
-        ("intents.val", t.schema.field("val").type),
-        ("adds.delta", a.schema.field("delta").type),
-        ("base.val", b.schema.field("val").type),
-    ):
+    for name, typ in (("intents.val", t.schema.field("val").type), ("adds.delta", a.schema.field("delta").type),
+                      ("base.val", b.schema.field("val").type)):
         if not is_number(typ):
             raise ValueError(f"{name} must be numeric, not {typ}")
     return t, a, b
@@ -197,12 +194,10 @@ def sequential_additive(
     as_float = _float(t.schema.field("val").type, a.schema.field("delta").type, b.schema.field("val").type)
     live = [kv for kv in state.values() if kv[1] is not None]
     rollback = pa.table({"id": pa.array(rolled, type=t.schema.field("id").type)})
-    store = pa.table(
-        {
-            "key": pa.array([k for k, _ in live], type=t.schema.field("key").type),
-            "val": pa.array([v for _, v in live], type=pa.float64() if as_float else pa.int64()),
-        }
-    )
+    store = pa.table({
+        "key": pa.array([k for k, _ in live], type=t.schema.field("key").type),
+        "val": pa.array([v for _, v in live], type=pa.float64() if as_float else pa.int64()),
+    })
     return rollback, store
 
 
@@ -268,9 +263,8 @@ class _Prepared:
         ``alive`` is indexed by rank (0 = base, always alive).
         """
         wa = alive[self.w_rank]
-        w_comp, w_key, w_rank, w_val, w_null = (
-            x[wa] for x in (self.w_comp, self.w_key, self.w_rank, self.w_val, self.w_null)
-        )
+        w_comp, w_key, w_rank, w_val, w_null = (x[wa] for x in (self.w_comp, self.w_key, self.w_rank, self.w_val,
+                                                                  self.w_null))
         da = alive[self.d_rank]
         d_comp, d_val = self.d_comp[da], self.d_val[da]
         q_comp = q_key * self.M + q_rank
@@ -301,12 +295,10 @@ class _Prepared:
         kc = self.kc[rows]
         v, null = self.values(~rolled, kc, np.full(len(kc), self.m + 1, dtype=np.int64))
         keep = ~null
-        store = pa.table(
-            {
-                "key": self.keys.take(pa.array(rows[keep], type=pa.int64())),
-                "val": pa.array(v[keep], type=pa.float64() if self.as_float else pa.int64()),
-            }
-        )
+        store = pa.table({
+            "key": self.keys.take(pa.array(rows[keep], type=pa.int64())),
+            "val": pa.array(v[keep], type=pa.float64() if self.as_float else pa.int64()),
+        })
         return Resolution(rollback=rollback, store=store, rounds=rounds)
 
 

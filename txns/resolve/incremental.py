@@ -89,9 +89,8 @@ class Resolver(IncrementalBase[_Txn]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._schema = pa.schema(
-            [("id", pa.int64()), ("is_read", pa.bool_()), ("key", pa.string()), ("val", pa.string())]
-        )
+        self._schema = pa.schema([("id", pa.int64()), ("is_read", pa.bool_()), ("key", pa.string()),
+                                  ("val", pa.string())])
         self._typed = False
 
     # ---- the answers
@@ -106,12 +105,10 @@ class Resolver(IncrementalBase[_Txn]):
                 if val is not None:
                     keys.append(key)
                     vals.append(val)
-        return pa.table(
-            {
-                "key": pa.array(keys, type=self._schema.field("key").type),
-                "val": pa.array(vals, type=self._schema.field("val").type),
-            }
-        )
+        return pa.table({
+            "key": pa.array(keys, type=self._schema.field("key").type),
+            "val": pa.array(vals, type=self._schema.field("val").type),
+        })
 
     # ---- changes
 

@@ -225,18 +225,8 @@ class _Adders:
     is longer than m.
     """
 
-    __slots__ = (
-        "deeper",
-        "deltas",
-        "depths",
-        "final_counts",
-        "final_sums",
-        "fix_counts",
-        "fix_sums",
-        "ids",
-        "stale",
-        "txns",
-    )
+    __slots__ = ("deeper", "deltas", "depths", "final_counts", "final_sums", "fix_counts", "fix_sums", "ids",
+                 "stale", "txns")
 
     def __init__(self) -> None:
         self.ids: list[Any] = []
@@ -327,9 +317,8 @@ class _Adders:
         self.final_sums = _Fenwick(d if c else 0 for d, c in zip(self.deltas, finals, strict=True))
         self.final_counts = _Fenwick(int(c) for c in finals)
         rounds = range(self._longest())
-        fixes = [
-            [int(_committed_in(f, h, m)) - int(c) for (f, h), c in zip(recorded, finals, strict=True)] for m in rounds
-        ]
+        fixes = [[int(_committed_in(f, h, m)) - int(c) for (f, h), c in zip(recorded, finals, strict=True)]
+                 for m in rounds]
         self.fix_sums = [_Fenwick(x * d for x, d in zip(fix, self.deltas, strict=True)) for fix in fixes]
         self.fix_counts = [_Fenwick(fix) for fix in fixes]
         self.deeper = [_Fenwick(int(len(h) > m) for _, h in recorded) for m in rounds]
@@ -342,11 +331,8 @@ class _Adders:
         count, total = self.final_counts.range(lo, hi), self.final_sums.range(lo, hi)
         if m >= len(self.deeper):
             return int(count), total, True
-        return (
-            int(count + self.fix_counts[m].range(lo, hi)),
-            total + self.fix_sums[m].range(lo, hi),
-            self.deeper[m].range(lo, hi) == 0,
-        )
+        return (int(count + self.fix_counts[m].range(lo, hi)), total + self.fix_sums[m].range(lo, hi),
+                self.deeper[m].range(lo, hi) == 0)
 
 
 class _Txn(TxnState[tuple[Any, Number | None]]):  # reads: frozen key -> (key, val seen); writes: (key, val)
@@ -453,12 +439,10 @@ class AdditiveResolver(IncrementalBase[_Txn]):
             if value is not None:
                 keys.append(self._key_of[fk])
                 vals.append(value)
-        return pa.table(
-            {
-                "key": pa.array(keys, type=self._base_key_type if self._key_type is None else self._key_type),
-                "val": pa.array(vals, type=pa.float64() if self._as_float else pa.int64()),
-            }
-        )
+        return pa.table({
+            "key": pa.array(keys, type=self._base_key_type if self._key_type is None else self._key_type),
+            "val": pa.array(vals, type=pa.float64() if self._as_float else pa.int64()),
+        })
 
     # ---- changes
 
@@ -552,7 +536,9 @@ class AdditiveResolver(IncrementalBase[_Txn]):
         self._base_key_type = b.schema.field("key").type
         self._as_float = pa.types.is_floating(b.schema.field("val").type)
 
-    def _read(self, intents: pa.Table | None, adds: pa.Table | None) -> tuple[list[ReadOrWrite], list[AddRow], Types]:
+    def _read(
+        self, intents: pa.Table | None, adds: pa.Table | None
+    ) -> tuple[list[ReadOrWrite], list[AddRow], Types]:
         """The rows of the tables, and the (id type, key type, as float) they leave; nothing changes yet."""
         types = (self._id_type, self._key_type, self._as_float)
         rows: list[ReadOrWrite] = []

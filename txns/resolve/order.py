@@ -60,9 +60,8 @@ from txns.resolve.rule import Resolution, check, codes, id_ranks
 STRATEGIES = ("id", "random", "read_only_first", "readers_first")
 
 
-def reorder(
-    intents: pa.Table, strategy: str = "readers_first", seed: int = 0, adds: pa.Table | None = None
-) -> pa.Table:
+def reorder(intents: pa.Table, strategy: str = "readers_first", seed: int = 0,
+            adds: pa.Table | None = None) -> pa.Table:
     """A serialization order: a table ``(id, position)``, one row per distinct id (ascending), positions 0..m-1.
 
     ``adds(id, key, delta)`` (:mod:`txns.resolve.additive`), if given, counts as
@@ -101,9 +100,8 @@ def reorder(
     return pa.table({"id": uniq, "position": pa.array(position, pa.int64())})
 
 
-def _readers_first(
-    rank: np.ndarray, kc: np.ndarray, is_read: np.ndarray, m: int, writes: np.ndarray, rand: Callable[[], float]
-) -> list[int]:
+def _readers_first(rank: np.ndarray, kc: np.ndarray, is_read: np.ndarray, m: int, writes: np.ndarray,
+                   rand: Callable[[], float]) -> list[int]:
     pairs_r = np.unique(np.stack([rank[is_read], kc[is_read]]), axis=1) if is_read.any() else np.zeros((2, 0), int)
     pairs_w = np.unique(np.stack([rank[~is_read], kc[~is_read]]), axis=1) if (~is_read).any() else np.zeros((2, 0), int)
     readers: dict[int, list[int]] = {}
@@ -154,7 +152,8 @@ def renumber(table: pa.Table, order: pa.Table) -> pa.Table:
     return table.set_column(table.column_names.index("id"), "id", pos)
 
 
-def resolve_reordered(intents: pa.Table, strategy: str = "readers_first", seed: int = 0) -> tuple[Resolution, pa.Table]:
+def resolve_reordered(intents: pa.Table, strategy: str = "readers_first", seed: int = 0
+                      ) -> tuple[Resolution, pa.Table]:
     """Resolve in the order :func:`reorder` picks: ``(resolution, order)``.
 
     The resolution is :func:`txns.resolve.resolve` of the renumbered intents,

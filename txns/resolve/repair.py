@@ -340,7 +340,9 @@ def repair(
         if spec is not None:
             execs[i] += 1
         if spec is None or not valid(spec):
-            ex = execute(fn, current, keys, aborts=aborts, normalize_row=normalize_row, normalize_key=normalize_key)
+            ex = execute(
+                fn, current, keys, aborts=aborts, normalize_row=normalize_row, normalize_key=normalize_key
+            )
             execs[i] += 1
             if spec is not None:
                 reps[i] += 1

@@ -145,10 +145,8 @@ def sequential(intents: pa.Table) -> tuple[pa.Table, pa.Table]:
             rolled.append(i)
     live = [kv for kv in committed.values() if kv[1] is not None]
     rollback = pa.table({"id": pa.array(rolled, type=t.schema.field("id").type)})
-    store = pa.table(
-        {
-            "key": pa.array([k for k, _ in live], type=t.schema.field("key").type),
-            "val": pa.array([v for _, v in live], type=t.schema.field("val").type),
-        }
-    )
+    store = pa.table({
+        "key": pa.array([k for k, _ in live], type=t.schema.field("key").type),
+        "val": pa.array([v for _, v in live], type=t.schema.field("val").type),
+    })
     return rollback, store
