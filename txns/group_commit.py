@@ -72,6 +72,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from persist import ExternalError, InvalidUsage, frame, retry_storage, unframe
 from persist.location import CaSResult
@@ -145,13 +146,17 @@ class SequencerLease:
         self._expires_ms = 0
         self._other_expires_ms = 0  # another holder's expiry, as last read (no read before it passes)
         self.acquired = 0  # how many times this process took the lease (diagnostics)
+        #: more fields written with each version we write (e.g. the applier lease's ``applied``)
+        self.extra: dict[str, Any] = {}
+        #: another holder's version as last read (its JSON), None when free or ours
+        self.other: dict[str, Any] | None = None
 
     @staticmethod
     def _now_ms() -> int:
         return int(time.time() * 1000)
 
     def _write(self, expected: int | None, expires_ms: int) -> bool:
-        data = frame(KIND_LEASE, json.dumps({"holder": self.holder, "expires_ms": expires_ms}).encode())
+        data = frame(KIND_LEASE, json.dumps({**self.extra, "holder": self.holder, "expires_ms": expires_ms}).encode())
         try:
             ok = self.consensus.compare_and_set(self.key, expected, data) is CaSResult.COMMITTED
         except ExternalError:
@@ -190,10 +195,12 @@ class SequencerLease:
             head = self.consensus.head(self.key)
         except ExternalError:
             return False
+        self.other = None
         if head is not None:
             j = json.loads(unframe(f"consensus {self.key} seqno {head.seqno}", head.data, KIND_LEASE))
             if j["holder"] != self.holder and j["expires_ms"] > now:
                 self._other_expires_ms = j["expires_ms"]
+                self.other = j
                 return False
         if self._write(None if head is None else head.seqno, now + self.lease_ms):
             self.acquired += 1

@@ -35,6 +35,30 @@ Invariants:
 - The committing call never waits for the worker thread to start: a new
   thread is started on the shared pool (:mod:`txns.db.pool`; ``Thread.start``
   waits until the thread runs), and ``close()`` waits for that start first.
+- **Applied once across processes.** Alone (no other process's commit
+  seen in an apply for ``CONTENDED_S``), a worker applies its own commits,
+  as above, and takes no lease. Once contended, applying is done by one
+  process per txns shard: the holder of the **applier lease**, the consensus
+  key ``{txns_id}-applier`` (a :class:`txns.group_commit.SequencerLease`
+  whose versions also carry ``applied``: the time the holder has applied
+  through). A contended worker with an apply queued takes the lease when it
+  is free or lapsed; the holder then applies everything below the txns
+  upper (the others' commits too) every ``DUTY_POLL_S`` while its own
+  process committed within ``ON_DUTY_S``, publishing ``applied`` with each
+  renewal, then releases it. A contended worker that finds another holder
+  drops its queued apply once that holder's ``applied`` covers it, and
+  otherwise looks again every half lease; so a holder that dies (SIGKILL)
+  is replaced within one lease by any process with an apply outstanding.
+  The lease is only for liveness and cost: applying is idempotent (each
+  data shard's apply is a compare-and-append at the commit time, which a
+  second applier loses), so two workers that both believe they hold it,
+  or a worker applying without it, are safe. The txns shard's maintenance
+  runs after applies, so only applying workers (the holder, when contended)
+  run it; the holder also moves the retention holds of every data shard
+  it applied.
+- Waiting for the applies (``wait``, ``close``) never depends on another
+  process: a waited-for (or closing) worker applies its queued commits
+  itself, lease or not.
 - ``close()`` runs what was submitted, then stops the thread. A worker that
   stays idle for ``IDLE_EXIT_S`` ends its thread too (the next submission
   starts another), so a database dropped without ``close()`` leaves no
@@ -55,6 +79,7 @@ from typing import Any
 
 from persist import PersistClient
 from txns.db.pool import in_pool, pool
+from txns.group_commit import SequencerLease
 from txns.handle import TxnsHandle
 from txns.txn import Tidy
 
@@ -68,6 +93,15 @@ IDLE_EXIT_S = 2.0
 """An idle worker thread ends after this long (the next submission starts a new one)."""
 EXIT_WAIT_S = 10.0
 """At interpreter exit, how long to wait for each open applier's submitted work."""
+
+APPLIER_LEASE_MS = 2000
+"""The applier lease lapses this long after its holder's last renewal (renewed every half lease)."""
+CONTENDED_S = 10.0
+"""After an apply met another process's commit (or the lease held by another), the worker uses the lease this long."""
+DUTY_POLL_S = 0.1
+"""The lease holder looks for new commits (one read of the txns shard's head) this often."""
+ON_DUTY_S = 5.0
+"""The lease holder keeps applying everyone's commits while its own process committed within this long."""
 
 AfterApply = Callable[[TxnsHandle, int, dict[str, Any]], None]
 
@@ -99,9 +133,18 @@ class Applier:
         self._starting: Future[None] | None = None  # the worker thread's start, under way on the pool
         self._handle: TxnsHandle | None = None  # the worker's own; only its thread uses it
         self._closed = False
-        #: applies run / failed (for tests and diagnostics)
+        # ---- applying once across processes (see the module doc); the worker's, but for _mine
+        self._lease: SequencerLease | None = None  # made on first contention (needs the worker's handle)
+        self._contended_until = 0.0  # (monotonic) use the lease until then
+        self._retry_at = 0.0  # (monotonic) a queued apply left to another holder is looked at again then
+        self._applied = -1  # this worker has applied every commit up to this time
+        self._mine: set[int] = set()  # this database's commit times above _applied (under _cv)
+        self._first_mine: int | None = None  # its first one: earlier commits are nobody's contention
+        self._last_submit = 0.0  # (monotonic)
+        #: applies run / failed; queued applies another holder covered (for tests and diagnostics)
         self.applies = 0
         self.failures = 0
+        self.covered = 0
         _open.add(self)
 
     # ---- the committing side ------------------------------------------------------------------
@@ -122,6 +165,10 @@ class Applier:
             self._queued_count += 1
             self._queued_ids.update(written or {})
             self._submitted = max(self._submitted, ts)
+            self._mine.add(ts)
+            if self._first_mine is None:
+                self._first_mine = ts
+            self._last_submit = time.monotonic()
             if self._thread is None or self._start_failed():
                 self._thread = threading.Thread(target=self._run, name="txns-db-apply", daemon=True)
                 self._starting = _start_soon(self._thread)
@@ -177,6 +224,9 @@ class Applier:
             if self._thread is not None and self._thread.is_alive():
                 return  # (timed out: the daemon thread finishes on its own)
             handle, self._handle = self._handle, None
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
         if handle is not None:
             handle.close()
         _open.discard(self)
@@ -187,47 +237,135 @@ class Applier:
         me = threading.current_thread()
         while True:
             with self._cv:
+                duty = self._on_duty()
                 if self._queued is None and not self._closed:
-                    self._cv.wait_for(lambda: self._queued is not None or self._closed, IDLE_EXIT_S)
-                if self._queued is None:  # closed, or idle for IDLE_EXIT_S: end this thread
+                    self._cv.wait_for(
+                        lambda: self._queued is not None or self._closed, DUTY_POLL_S if duty else IDLE_EXIT_S
+                    )
+                if self._queued is None and (self._closed or not self._on_duty()):
+                    # closed, or idle for IDLE_EXIT_S (and off duty): end this thread
                     if self._thread is me:
                         self._thread = None
-                    return
-                # Coalesce: let back-to-back commits land first (one apply then covers them all,
-                # and they do not share the machine with it), unless someone waits for it.
-                due = self._queued_since + APPLY_DELAY_S
-                self._cv.wait_for(
-                    lambda: self._closed or self._flush > 0 or self._queued_count >= APPLY_BATCH,
-                    max(0.0, due - time.monotonic()),
-                )
+                    lease = self._lease
+                    break
+                if self._queued is not None:
+                    # Coalesce: let back-to-back commits land first (one apply then covers them all,
+                    # and they do not share the machine with it), unless someone waits for it.
+                    due = max(self._queued_since + APPLY_DELAY_S, self._retry_at)
+                    self._cv.wait_for(
+                        lambda: self._closed
+                        or self._flush > 0
+                        or (self._queued_count >= APPLY_BATCH and time.monotonic() >= self._retry_at),
+                        max(0.0, due - time.monotonic()),
+                    )
                 ts, ids = self._queued, self._queued_ids
                 self._queued, self._queued_ids = None, {}
+                force = self._closed or self._flush > 0
+            done = True
             try:
-                self._apply(ts, ids)
+                done = self._step(ts, ids, force)
             finally:
                 with self._cv:
-                    self._done = max(self._done, ts)
+                    if ts is not None and done:
+                        self._done = max(self._done, ts)
+                    elif ts is not None:  # left to another holder that has not covered it yet: again later
+                        if self._queued is None:
+                            self._queued_since, self._queued_count = time.monotonic(), 0
+                        self._queued = ts if self._queued is None else max(self._queued, ts)
+                        self._queued_ids = {**ids, **self._queued_ids}
                     self._cv.notify_all()
+        if lease is not None and lease.held:
+            lease.release()  # (best effort: others take over once it lapses anyway)
 
-    def _apply(self, ts: int, ids: dict[str, Any]) -> None:
-        try:
-            if self._handle is None:
+    def _on_duty(self) -> bool:
+        """Whether this worker holds the applier lease and applies everyone's commits (under ``_cv``)."""
+        lease = self._lease
+        return lease is not None and lease.held and time.monotonic() - self._last_submit < ON_DUTY_S
+
+    def _step(self, ts: int | None, ids: dict[str, Any], force: bool) -> bool:
+        """Apply up to ``ts`` (None: the lease holder's poll), or leave it to the holder; whether it is done."""
+        if self._handle is None:
+            try:
                 self._handle = TxnsHandle.open(self._client, self._txns_id, hold=False)
-            tidy = self._handle.apply_le(ts)
+            except Exception as e:  # noqa: BLE001 - committed and durable: readers apply what they need
+                self.failures += 1
+                log.info("opening the background apply's handle failed (readers apply what they need): %s", e)
+                return True
+        lease = self._lease
+        if ts is None or force or (lease is not None and lease.held):
+            self._apply(ts, ids)
+            return True
+        now = time.monotonic()
+        if now >= self._contended_until:
+            self._apply(ts, ids)  # alone: our own commits, no lease
+            return True
+        if lease is None:
+            lease = self._lease = SequencerLease(self._handle, APPLIER_LEASE_MS, key=applier_key(self._txns_id))
+        lease.extra["applied"] = self._applied
+        if lease.hold(fresh=True):
+            self._apply(ts, ids)
+            return True
+        other = lease.other
+        if other is None:  # (the lease could not be read, or another took it just now: apply, safely)
+            self._apply(ts, ids)
+            return True
+        self._contended_until = now + CONTENDED_S
+        if int(other.get("applied", -1)) >= ts:
+            self.covered += 1
+            return True
+        wait_s = min(APPLIER_LEASE_MS / 2000, max(0.0, other["expires_ms"] / 1000 - time.time()) + 0.01)
+        self._retry_at = now + wait_s
+        return False
+
+    def _apply(self, ts: int | None, ids: dict[str, Any]) -> None:
+        """Apply up to ``ts``, or (``None``, or holding the lease) up to the txns upper; then the maintenance."""
+        handle = self._handle
+        assert handle is not None
+        lease = self._lease
+        holding = lease is not None and lease.held
+        try:
+            target = ts if ts is not None else -1
+            if ts is None or holding:
+                handle.cache.sync()
+                target = max(target, handle.cache.frontier - 1)
+            if target <= self._applied and ts is None:
+                tidy = None  # (the holder's poll: nothing new)
+            else:
+                tidy = handle.apply_le(target)
         except Exception as e:  # noqa: BLE001 - committed and durable: readers apply what they need
             self.failures += 1
             log.info("background apply up to %s failed (readers apply what they need): %s", ts, e)
             return
-        self.applies += 1
-        with self._cv:
-            self._tidy.merge(tidy)
-        # the txns shard's own compaction and GC, kept off the committing path (best effort)
-        self._handle.maintain()
-        if self._after_apply is not None:
-            try:
-                self._after_apply(self._handle, ts, ids)
-            except Exception as e:  # noqa: BLE001 - maintenance is best effort
-                log.info("maintenance after applying up to %s deferred: %s", ts, e)
+        if tidy is not None:
+            self.applies += 1
+            with self._cv:
+                self._tidy.merge(tidy)
+                first = self._first_mine
+                foreign = first is not None and any(
+                    e.ts > self._applied and e.ts >= first and e.ts not in self._mine for e in tidy.entries
+                )
+                self._applied = max(self._applied, target)
+                self._mine = {t for t in self._mine if t > self._applied}
+            if foreign:  # another process commits: apply once, through the lease
+                self._contended_until = time.monotonic() + CONTENDED_S
+            # the txns shard's own compaction and GC, kept off the committing path (best effort)
+            handle.maintain()
+            if self._after_apply is not None:
+                # (the holder also moves the holds of the shards it applied for other processes)
+                written = {**{e.data_id: None for e in tidy.entries}, **ids}
+                try:
+                    self._after_apply(handle, target, written)
+                except Exception as e:  # noqa: BLE001 - maintenance is best effort
+                    log.info("maintenance after applying up to %s deferred: %s", target, e)
+        if lease is not None and lease.held:
+            lease.extra["applied"] = self._applied
+            if not lease.hold():  # (renewed every half lease, publishing what it applied)
+                log.debug("the applier lease lapsed; another process applies")
+
+
+def applier_key(txns_id: str) -> str:
+    """The consensus key of the applier lease of the txns shard ``txns_id``."""
+    return f"{txns_id}-applier"
 
 
 def _start_soon(thread: threading.Thread) -> Future[None]:
@@ -254,4 +392,15 @@ def _drain_at_exit() -> None:
             log.debug("draining the background apply at exit: %s", e)
 
 
-__all__ = ["APPLY_BATCH", "APPLY_DELAY_S", "EXIT_WAIT_S", "IDLE_EXIT_S", "Applier"]
+__all__ = [
+    "APPLIER_LEASE_MS",
+    "APPLY_BATCH",
+    "APPLY_DELAY_S",
+    "CONTENDED_S",
+    "DUTY_POLL_S",
+    "EXIT_WAIT_S",
+    "IDLE_EXIT_S",
+    "ON_DUTY_S",
+    "Applier",
+    "applier_key",
+]

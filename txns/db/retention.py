@@ -202,10 +202,11 @@ class Maintenance:
                     return True
         return False
 
-    def after_apply(self, handle: TxnsHandle, ts: int, written: dict[str, int]) -> None:
+    def after_apply(self, handle: TxnsHandle, ts: int, written: dict[str, int | None]) -> None:
         """On the background worker, after applying up to ``ts``: move the holds of the tables written.
 
-        ``written``: data shard -> its table's creation time (wall-clock ms).
+        ``written``: data shard -> its table's creation time (wall-clock ms;
+        None when unknown: a shard the applier lease's holder applied for another process).
 
         Each table at most once a minute, and only when it stores updates
         older than the shortest retention in use. Never takes the database's
