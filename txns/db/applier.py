@@ -261,14 +261,15 @@ class Applier:
                 ts, ids = self._queued, self._queued_ids
                 self._queued, self._queued_ids = None, {}
                 force = self._closed or self._flush > 0
-            done = True
+            through = ts
             try:
-                done = self._step(ts, ids, force)
+                through = self._step(ts, ids, force)
             finally:
                 with self._cv:
-                    if ts is not None and done:
-                        self._done = max(self._done, ts)
-                    elif ts is not None:  # left to another holder that has not covered it yet: again later
+                    if ts is not None and through is not None:
+                        self._done = max(self._done, min(ts, through))
+                    if ts is not None and through is not None and through < ts:
+                        # left to another holder that has not applied all of it yet: look again later
                         if self._queued is None:
                             self._queued_since, self._queued_count = time.monotonic(), 0
                         self._queued = ts if self._queued is None else max(self._queued, ts)
@@ -282,40 +283,46 @@ class Applier:
         lease = self._lease
         return lease is not None and lease.held and time.monotonic() - self._last_submit < ON_DUTY_S
 
-    def _step(self, ts: int | None, ids: dict[str, Any], force: bool) -> bool:
-        """Apply up to ``ts`` (None: the lease holder's poll), or leave it to the holder; whether it is done."""
+    def _step(self, ts: int | None, ids: dict[str, Any], force: bool) -> int | None:
+        """Apply up to ``ts`` (None: the lease holder's poll), or leave it to the holder.
+
+        Returns the time up to which the queued apply is done (``ts``: all of it).
+        """
         if self._handle is None:
             try:
                 self._handle = TxnsHandle.open(self._client, self._txns_id, hold=False)
             except Exception as e:  # noqa: BLE001 - committed and durable: readers apply what they need
                 self.failures += 1
                 log.info("opening the background apply's handle failed (readers apply what they need): %s", e)
-                return True
+                return ts
         lease = self._lease
         if ts is None or force or (lease is not None and lease.held):
+            log.debug("apply %s (force %s, holding %s)", ts, force, lease is not None and lease.held)
             self._apply(ts, ids)
-            return True
+            return ts
         now = time.monotonic()
         if now >= self._contended_until:
             self._apply(ts, ids)  # alone: our own commits, no lease
-            return True
+            return ts
         if lease is None:
             lease = self._lease = SequencerLease(self._handle, APPLIER_LEASE_MS, key=applier_key(self._txns_id))
         lease.extra["applied"] = self._applied
         if lease.hold(fresh=True):
+            log.debug("took the applier lease at %s", ts)
             self._apply(ts, ids)
-            return True
+            return ts
         other = lease.other
         if other is None:  # (the lease could not be read, or another took it just now: apply, safely)
             self._apply(ts, ids)
-            return True
+            return ts
         self._contended_until = now + CONTENDED_S
-        if int(other.get("applied", -1)) >= ts:
-            self.covered += 1
-            return True
+        through = int(other.get("applied", -1))
+        log.debug("left %s to the holder (applied %s)", ts, through)
+        if through > self._done:
+            self.covered += 1  # the holder applied (some of) ours
         wait_s = min(APPLIER_LEASE_MS / 2000, max(0.0, other["expires_ms"] / 1000 - time.time()) + 0.01)
         self._retry_at = now + wait_s
-        return False
+        return through
 
     def _apply(self, ts: int | None, ids: dict[str, Any]) -> None:
         """Apply up to ``ts``, or (``None``, or holding the lease) up to the txns upper; then the maintenance."""
