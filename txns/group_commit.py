@@ -225,6 +225,15 @@ class SequencerLease:
         self._seqno = None
 
 
+class _Waiting:
+    """A transaction waiting to commit directly, and its outcome once settled (see ``GroupCommitter.commit``)."""
+
+    def __init__(self, txn: Txn) -> None:
+        self.txn = txn
+        self.outcome: TxnApply | BaseException | None = None
+        self.lost = False  # its direct write lost a race: the queue next
+
+
 class GroupCommitter:
     """Commits transactions of one txns shard, grouping them across processes when they contend.
 
@@ -281,8 +290,12 @@ class GroupCommitter:
         self._deleter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="txns-queue-delete")
         self._deadline_s = handle.client.config.retry_deadline_s
         handle.cache.start_tracking()
-        #: diagnostics: commits made directly, queued, rounds run and transactions they committed
+        self._pending_lock = threading.Lock()
+        self._pending: list[_Waiting] = []  # direct commits waiting for the lock (the next one joins them)
+        #: diagnostics: commits made directly (and transactions joined to them), queued, rounds run and
+        #: transactions they committed
         self.direct_commits = 0
+        self.joined = 0
         self.queued = 0
         self.rounds = 0
         self.grouped = 0
@@ -316,20 +329,68 @@ class GroupCommitter:
         """
         if not isinstance(txn, Txn):
             raise InvalidUsage(f"commit takes a txns.Txn, got {type(txn).__name__}")
-        h = self.handle
         if self.direct and time.monotonic() >= self._contended_until:
+            mine = _Waiting(txn)
+            with self._pending_lock:
+                self._pending.append(mine)
             with self._lock:
-                h.cache.sync_cached()
-                start = time.monotonic()
-                try:
-                    applied = txn.commit_at(h, self.ts_fn(h.upper))
-                    self.direct_commits += 1
-                    if time.monotonic() - start > self.slow_s:  # throttled (or slow): group the next ones
-                        self._contended_until = time.monotonic() + self.contended_s
-                    return applied
-                except TimestampUnavailable:
-                    self._contended_until = time.monotonic() + self.contended_s
+                if mine.outcome is None and not mine.lost:
+                    self._commit_direct(mine)
+            with self._pending_lock:
+                if mine in self._pending:
+                    self._pending.remove(mine)
+            if isinstance(mine.outcome, BaseException):
+                raise mine.outcome
+            if mine.outcome is not None:
+                return mine.outcome
         return self._through_queue([txn])[0]
+
+    def _commit_direct(self, leader: _Waiting) -> None:
+        """Under the lock: commit ``leader``'s transaction directly, with every joinable one waiting meanwhile.
+
+        Threads that called :meth:`commit` while another thread's direct
+        commit held the lock join the next one (``Txn.join``: one
+        conditional write, one commit record each), so T threads of one
+        process cost one write per round, not T. Each member's outcome is set
+        on its ``_Waiting``; a lost race leaves them all unset (each then
+        goes through the queue), an error that may have landed the write
+        marks every member uncertain (a later commit of it looks it up).
+        """
+        h = self.handle
+        with self._pending_lock:
+            others = [w for w in self._pending if w is not leader and w.outcome is None and w.txn.joinable]
+            others = others[: MAX_GROUP - 1]
+        group = [leader, *others]
+        base = leader.txn
+        h.cache.sync_cached()
+        start = time.monotonic()
+        try:
+            base.join([w.txn for w in others])
+            try:
+                applied = base.commit_at(h, self.ts_fn(h.upper))
+            finally:
+                base.join([])
+        except TimestampUnavailable:
+            self._contended_until = time.monotonic() + self.contended_s
+            for w in group:
+                w.outcome = None  # (each goes through the queue)
+                w.lost = True
+            return
+        except BaseException as e:  # noqa: BLE001 - each member's outcome, raised in its thread
+            for w in others:
+                w.txn.uncertain = w.txn.uncertain or base.uncertain
+            for w in group:
+                w.outcome = e
+            return
+        self.direct_commits += 1
+        self.joined += len(others)
+        if time.monotonic() - start > self.slow_s:  # throttled (or slow): group the next ones
+            self._contended_until = time.monotonic() + self.contended_s
+        leader.outcome = applied
+        for w in others:
+            a = TxnApply(applied.commit_ts, tuple(sorted(w.txn.batches())))
+            w.txn.settle(a)
+            w.outcome = a
 
     def commit_all(self, txns: list[Txn]) -> list[TxnApply]:
         """Commit each of ``txns`` through the queue (no direct try); return each one's commit, in order.

@@ -225,6 +225,12 @@ class Txn:
                 )
         self._joined = list(others)
 
+    @property
+    def joinable(self) -> bool:
+        """Whether this transaction may join another's write (:meth:`join`): it registers, tidies and waits
+        for nothing, is not uncertain (its own look-up would be skipped) and has not committed."""
+        return not (self._register or self._tidy.entries or self._ready or self._uncertain or self._committed)
+
     def tidy(self, tidy: Tidy) -> None:
         """Retract these applied entries as part of this transaction's commit."""
         self._tidy.merge(tidy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,48 @@ def test_uncontended_commit_takes_the_direct_path_with_no_queue_or_lease_traffic
     assert writes.count(txns_id) >= 5  # (each commit is its conditional write on the txns shard)
     gc.close()
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(5)}
+
+
+def test_threads_of_one_process_join_one_direct_write_each_committed_once(store: Store) -> None:
+    client = store.client()
+    txns_id, ds = _setup(client, 2)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h)
+    cas = client.consensus.compare_and_set
+
+    def slow_cas(key: str, expected: int | None, data: bytes) -> object:
+        if key == txns_id:
+            time.sleep(0.02)  # (a storage round trip: threads arrive while a write is in flight)
+        return cas(key, expected, data)
+
+    client.consensus.compare_and_set = slow_cas  # type: ignore[method-assign]
+    build = threading.Lock()
+    threads, per = 8, 10
+    got: dict[str, int] = {}
+
+    def run(i: int) -> None:
+        for n in range(per):
+            with build:
+                txn = h.begin()
+                txn.write(ds[i % 2], (i * 1000 + n,), ("v",), 1)
+            got[txn.id] = gc.commit(txn).commit_ts
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    gc.close()
+    assert gc.queued == 0 and gc.direct_commits + gc.joined == threads * per
+    assert gc.joined > 0 and len(set(got.values())) == gc.direct_commits < threads * per
+    contents = _contents(store.client(), txns_id, ds)
+    for d in (0, 1):
+        assert contents[ds[d]] == {((i * 1000 + n,), ("v",)): 1 for i in range(d, threads, 2) for n in range(per)}
+    # every transaction has its own commit record, at the time its caller was told
+    for txn_id, at in got.items():
+        record = h.commit_record(txn_id)
+        assert record is not None and record.ts == at
+    h.close()
 
 
 def test_a_lost_race_sends_the_next_commits_through_the_queue(store: Store) -> None:
