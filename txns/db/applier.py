@@ -94,8 +94,9 @@ IDLE_EXIT_S = 2.0
 EXIT_WAIT_S = 10.0
 """At interpreter exit, how long to wait for each open applier's submitted work."""
 
-APPLIER_LEASE_MS = 2000
-"""The applier lease lapses this long after its holder's last renewal (renewed every half lease)."""
+APPLIER_LEASE_MS = 4000
+"""The applier lease lapses this long after its holder's last renewal (renewed every half lease, before and
+after each apply, so a slow apply on a busy machine does not hand it over mid-way)."""
 CONTENDED_S = 10.0
 """After an apply met another process's commit (or the lease held by another), the worker uses the lease this long."""
 DUTY_POLL_S = 0.1
@@ -330,6 +331,10 @@ class Applier:
         assert handle is not None
         lease = self._lease
         holding = lease is not None and lease.held
+        if holding:
+            assert lease is not None
+            lease.extra["applied"] = self._applied
+            holding = lease.hold()  # (renewed before the apply too)
         try:
             target = ts if ts is not None else -1
             if ts is None or holding:
