@@ -36,7 +36,8 @@ Invariants:
   thread is started on the shared pool (:mod:`txns.db.pool`; ``Thread.start``
   waits until the thread runs), and ``close()`` waits for that start first.
 - **Applied once across processes.** Alone (no other process's commit
-  seen in an apply for ``CONTENDED_S``), a worker applies its own commits,
+  seen in an apply for ``CONTENDED_S``: the txns cache's write times of the
+  commit records' shard, which every commit writes, and the entries applied), a worker applies its own commits,
   as above, and takes no lease. Once contended, applying is done by one
   process per txns shard: the holder of the **applier lease**, the consensus
   key ``{txns_id}-applier`` (a :class:`txns.group_commit.SequencerLease`
@@ -69,6 +70,7 @@ Invariants:
 from __future__ import annotations
 
 import atexit
+import bisect
 import logging
 import threading
 import time
@@ -254,9 +256,11 @@ class Applier:
                     # and they do not share the machine with it), unless someone waits for it.
                     due = max(self._queued_since + APPLY_DELAY_S, self._retry_at)
                     self._cv.wait_for(
-                        lambda: self._closed
-                        or self._flush > 0
-                        or (self._queued_count >= APPLY_BATCH and time.monotonic() >= self._retry_at),
+                        lambda: (
+                            self._closed
+                            or self._flush > 0
+                            or (self._queued_count >= APPLY_BATCH and time.monotonic() >= self._retry_at)
+                        ),
                         max(0.0, due - time.monotonic()),
                     )
                 ts, ids = self._queued, self._queued_ids
@@ -350,11 +354,17 @@ class Applier:
             return
         if tidy is not None:
             self.applies += 1
+            # every commit writes the commit records' shard: its write times in the txns cache are
+            # every commit's (entries may be gone already: applied and tidied by their committers)
+            times = handle.cache.writes.get(handle.commits_id, [])
+            recent = times[bisect.bisect_right(times, self._applied) : bisect.bisect_right(times, target)]
             with self._cv:
                 self._tidy.merge(tidy)
                 first = self._first_mine
                 foreign = first is not None and any(
-                    e.ts > self._applied and e.ts >= first and e.ts not in self._mine for e in tidy.entries
+                    t >= first and t not in self._mine
+                    for t in [*recent, *(e.ts for e in tidy.entries)]
+                    if t > self._applied
                 )
                 self._applied = max(self._applied, target)
                 self._mine = {t for t in self._mine if t > self._applied}
