@@ -28,7 +28,7 @@ def test_a_lost_race_commits_through_the_queue_exactly_once() -> None:
         t.insert("e", [{"w": 1, "i": 0}])
     with a.transaction() as t:  # a's first try loses the race: the queue
         t.insert("e", [{"w": 0, "i": 1}])
-    committer = a._queue_committer
+    committer = a.committer._queue_committer
     assert committer is not None and committer.queued == 1 and committer.grouped == 1
     assert committer.handle is not a.handle  # (its sequencer thread never shares the database's handle)
     assert t.commit_info is not None and t.commit_info.ts is not None

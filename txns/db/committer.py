@@ -82,7 +82,7 @@ class CommitRequest:
 
 @dataclasses.dataclass(eq=False)
 class _Pending:
-    """A request waiting in the group-commit queue, and its outcome once settled."""
+    """A request waiting in the group-commit queue, and its outcome once set."""
 
     req: CommitRequest
     read_ts: int | None
@@ -233,7 +233,7 @@ class Committer:
         return p.result
 
     def _commit_group(self, members: list[_Pending]) -> None:
-        """Commit as many of ``members`` (in order) as fit in one conditional write; settle each one's outcome.
+        """Commit as many of ``members`` (in order) as fit in one conditional write; set each one's outcome.
 
         Under the handle lock. A member joins the group unless it read
         something an earlier member of the group writes (it waits for the
@@ -290,19 +290,19 @@ class Committer:
             except Indeterminate as e:
                 uncertain_tries += 1
                 if uncertain_tries > UNCERTAIN_RETRIES:
-                    self._settle_failed(group, e)
+                    self._mark_failed(group, e)
                     return
                 backoff(uncertain_tries)
                 continue
             except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
-                self._settle_failed(group, e)
+                self._mark_failed(group, e)
                 return
             break
         assert group is not None and base is not None
-        self._settle_committed(group, [applied.commit_ts] * len(group))
+        self._mark_committed(group, [applied.commit_ts] * len(group))
 
-    def _settle_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
-        """Each member committed at its ``commit_ts``: settle it, tell the oracles, and apply in the background."""
+    def _mark_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
+        """Each member committed at its ``commit_ts``: set its outcome, tell the oracles, apply in the background."""
         self._oracles.observe(max(commit_ts))
         self.group_commits += 1
         self.grouped_transactions += len(group)
@@ -317,14 +317,14 @@ class Committer:
         self._applier.submit(max(commit_ts), written)
 
     def _commit_queued(self, group: list[_Pending]) -> None:
-        """Commit a write-only group through the cross-process queue; settle each member's outcome.
+        """Commit a write-only group through the cross-process queue; set each member's outcome.
 
         Under the handle lock. The committer has a txns handle of its
         own: its background sequencer thread uses it while other threads use
         ``self.handle`` (a handle serves one thread at a time). Each member
         goes into the queue on its own (its tidy is dropped: later applies
         find those entries again), so members may commit at different times;
-        each is settled with its own.
+        each gets its own.
         """
         if self._queue_committer is None:
             oracle = self._oracles.oracle()
@@ -341,9 +341,9 @@ class Committer:
         try:
             applied = self._queue_committer.commit_all([q.txn for q in group])
         except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
-            self._settle_failed(group, e)
+            self._mark_failed(group, e)
             return
-        self._settle_committed(group, [a.commit_ts for a in applied])
+        self._mark_committed(group, [a.commit_ts for a in applied])
 
     def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
         """The members that commit together at ``upper``: validated, and none reading what an earlier one writes."""
@@ -369,7 +369,7 @@ class Committer:
                 wrote[d] = None if keys is None else (wrote.get(d) or set()) | keys
         return group
 
-    def _settle_failed(self, group: list[_Pending], e: BaseException) -> None:
+    def _mark_failed(self, group: list[_Pending], e: BaseException) -> None:
         for q in group:
             q.error = e
             q.done = True
