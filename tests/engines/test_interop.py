@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import Counter
 
@@ -32,7 +33,8 @@ def test_polars_lazy_pushes_down_and_matches_eager(filled: txns.Database) -> Non
     got = lf.filter(pl.col("y") >= 35).select("x").collect()
     assert got.to_dict(as_series=False) == {"x": [3] * 5}
     plan = lf.filter(pl.col("y") >= 35).select("x").explain()
-    assert "Parquet SCAN" in plan and 'SELECTION: col("y") >= 35' in plan  # Polars' own scan, filter pushed in
+    # Polars' own scan, the filter pushed into it (older Polars prints it as [(col("y")) >= (35)])
+    assert "Parquet SCAN" in plan and 'SELECTION:col"y">=35' in re.sub(r"[\s\[\]()]", "", plan)
     with db.transaction() as tx:  # a retraction: the lazy frame over consolidated rows stays right
         tx.retract("t", [{"y": 0, "x": 0}])
     lazy = t.to_polars(lazy=True, columns=["y"]).collect()
