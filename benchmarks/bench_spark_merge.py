@@ -2,7 +2,7 @@
 
 A keyed table ``accounts(id long primary key, balance long, name string)``
 of ``--rows`` rows (default 1M; ``--rows 10000000`` for 10M) is written by
-Spark executors (``txns.spark.write.write_batch`` + ``Transaction._add_batch``,
+Spark executors (``txns.spark.write.write_batch`` + ``EngineTxn.add_batch``,
 one commit; ``--partitions`` tasks, each a contiguous id range, so each part
 holds a key range). Then, per scenario, a merge of 1% of ``--rows`` changed
 keys: half updates of existing keys (balance + 1), a quarter deletes of
@@ -50,6 +50,7 @@ import txns
 import txns.spark
 from persist import PersistConfig
 from txns.db.catalog import data_schema
+from txns.db.engine import EngineTxn
 from txns.spark.merge import _merge
 from txns.spark.write import write_batch
 
@@ -65,7 +66,7 @@ def build(spark, db: txns.Database, n: int, partitions: int) -> float:  # type: 
     df = spark.range(0, n, numPartitions=partitions).selectExpr(*ROW_EXPR)
     with db.transaction() as t:
         batch = write_batch(df, db.url, e.data_id, data_schema(e.schema, e.primary_key))
-        t._add_batch("accounts", batch, added=batch.rows, retracted=0, read_table=False)
+        EngineTxn(t).add_batch("accounts", batch, added=batch.rows, retracted=0, read_table=False)
     return time.perf_counter() - t0
 
 

@@ -24,6 +24,8 @@ MODULES = [
     "txns.group_commit",
     "txns.db",
     "txns.db.database",
+    "txns.db.engine",
+    "txns.engines",
     "txns.resolve",
     "txns.resolve.rule",
     "txns.resolve.batch",

@@ -21,27 +21,11 @@
 [(((1,), ()), 4, -1)]
 """
 
-from persist import ReadBelowSince, ReadTimeout, SchemaMismatch  # errors db users meet
-from txns.cache import ListenNext, TxnsCache
+from typing import TYPE_CHECKING, Any
 
-# The database layer (names, Arrow, history, retention), on top of the core modules.
-from txns.db import (
-    Abort,
-    ClockSkewError,
-    CommitInfo,
-    Database,
-    DatabaseNotFound,
-    DuplicateKey,
-    InvalidTableName,
-    RowNotFound,
-    Table,
-    TableExists,
-    TableNotFound,
-    Transaction,
-    TransactionClosed,
-    TransactionConflict,
-    connect,
-)
+from persist import ReadBelowSince, ReadTimeout, SchemaMismatch  # errors db users meet
+from txns import engines
+from txns.cache import ListenNext, TxnsCache
 from txns.entries import TXNS_SCHEMA, Entry
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.group_commit import GroupCommitFailed, GroupCommitter
@@ -49,6 +33,70 @@ from txns.handle import DataSnapshot, TxnsHandle
 from txns.resolve.repair import BatchContext
 from txns.subscribe import DataSubscribe
 from txns.txn import Tidy, Txn, TxnApply
+
+if TYPE_CHECKING:
+    from txns.db import (
+        Abort,
+        ClockSkewError,
+        CommitInfo,
+        Database,
+        DatabaseNotFound,
+        DuplicateKey,
+        InvalidTableName,
+        RowNotFound,
+        Table,
+        TableExists,
+        TableNotFound,
+        Transaction,
+        TransactionClosed,
+        TransactionConflict,
+        connect,
+    )
+
+# The database layer (names, Arrow, history, retention), on top of the core modules: loaded on first use
+# (PEP 562), so that importing the core (``txns.handle``...) does not import it.
+_DB_NAMES = frozenset(
+    {
+        "Abort",
+        "ClockSkewError",
+        "CommitInfo",
+        "Database",
+        "DatabaseNotFound",
+        "DuplicateKey",
+        "InvalidTableName",
+        "RowNotFound",
+        "Table",
+        "TableExists",
+        "TableNotFound",
+        "Transaction",
+        "TransactionClosed",
+        "TransactionConflict",
+        "connect",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DB_NAMES:
+        import txns.db
+
+        value = getattr(txns.db, name)
+        globals()[name] = value  # (found directly from now on)
+        return value
+    raise AttributeError(f"module 'txns' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_DB_NAMES})
+
+
+def _load_spark() -> None:
+    """Import Spark's engine (it registers itself): a pyspark object reached the database layer."""
+    import txns.spark  # noqa: F401
+
+
+# (the registry finds Spark's engine by registration; this loader covers users who never imported txns.spark)
+engines.register_loader("pyspark", "spark", _load_spark)
 
 __all__ = [
     "Abort",

@@ -19,7 +19,6 @@ import pytest
 import txns
 from persist import InvalidUsage, SchemaMismatch
 from txns.db.errors import TableNotFound
-from txns.spark import txn_io
 from txns.spark.table_write import TableWriter
 
 if TYPE_CHECKING:
@@ -237,7 +236,7 @@ def test_transaction_insert_bad_input(spark: SparkSession, db_url: str, tmp_path
     mem = txns.connect("mem://txn-io-test")
     mem.create_table("orders", ORDERS)
     with pytest.raises(InvalidUsage, match="in-memory"), mem.transaction() as t:
-        txn_io.insert(t, "orders", frame(spark, rows(0, 1)))
+        t.insert("orders", frame(spark, rows(0, 1)))
     assert mem.table("orders").count() == 0
 
 

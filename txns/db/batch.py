@@ -44,7 +44,6 @@ Executions: ``n`` in phase 1 plus the repairs of every attempt
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import multiprocessing
 import os
 import pickle
@@ -63,6 +62,7 @@ from txns.db.errors import Abort, DatabaseNotFound, InvalidPrimaryKey, Transacti
 from txns.db.fairness import check_deadline, retry_conflicts
 from txns.db.keyed import keys_from_values, require_keyed
 from txns.db.root import read_root
+from txns.engines import engine_named
 from txns.resolve.repair import DELETE, BatchContext, Execution, Key, RepairResult, Row, Write, execute, repair
 
 if TYPE_CHECKING:
@@ -282,9 +282,11 @@ def _speculate(
     with db.read(isolation=isolation) as r:
         ts = r.ts
     if executor == "spark":
-        # (reached by name, only here: the database layer does not import txns.spark or pyspark)
-        on_spark: Callable[..., list[Execution]] = importlib.import_module("txns.spark.batch").run_speculative
-        return on_spark(spark, type(db), db._url, ts, fns, partitions=workers)
+        # (found by registration: the database layer does not import txns.spark or pyspark)
+        engine = engine_named("spark")
+        if engine is None:
+            raise InvalidUsage("run_batch(executor='spark'): no Spark engine is registered (import txns.spark)")
+        return engine.speculate(db, ts, fns, workers=workers, session=spark)
     if executor == "threads":
         read = _SnapshotReader(db, ts)
         tables = _Tables(db, ts)

@@ -75,7 +75,7 @@ from txns.db import clock
 from txns.db.arrow_io import NOT_ARROW, check_input, conform, conformed, conformed_stream, stream_of
 from txns.db.catalog import TableEntry, check_name, check_primary_key, check_schema, check_writable, data_schema
 from txns.db.committer import CommitRequest
-from txns.db.engines import engine_of
+from txns.db.engine import EngineTxn
 from txns.db.errors import (
     DuplicateKey,
     InvalidPrimaryKey,
@@ -100,6 +100,7 @@ from txns.db.keyed import (
 from txns.db.pool import each
 from txns.db.retention import check_retention
 from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, read_table, scan
+from txns.engines import engine_for
 
 if TYPE_CHECKING:
     from txns.db.database import Database
@@ -351,9 +352,9 @@ class Transaction:
         """
         self._check_open()
         check_writable(table, "write to", self._system)
-        engine = engine_of(data)
-        if engine is not None:  # a Spark DataFrame: its executors write the parts
-            return int(engine.insert(self, table, data))
+        engine = engine_for(data)
+        if engine is not None:  # an engine's DataFrame (Spark's): its workers write the parts
+            return int(engine.insert(EngineTxn(self), table, data))
         e = self._entry(table)
         check_input(data, table)
         if e.primary_key is not None:

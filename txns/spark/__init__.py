@@ -41,9 +41,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from txns import engines
 from txns.spark._common import check_executors, check_url
 from txns.spark.batch import run_batch
 from txns.spark.compaction import CompactionResult, compact, compact_tables
+from txns.spark.engine import SparkEngine
 from txns.spark.merge import MergeStats, merge, merge_stream
 from txns.spark.read import snapshot
 from txns.spark.resolve import SparkResolution, resolve
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from txns.db.database import Database
+
+engines.register(SparkEngine())  # t.insert(table, spark_df) and run_batch(executor="spark") find it
 
 
 def session(master: str = "local[2]", app_name: str = "txns", conf: dict[str, str] | None = None) -> SparkSession:
@@ -101,6 +105,7 @@ def register(spark: SparkSession, db: Database | str | None = None) -> list[str]
 __all__ = [
     "SINKS",
     "CompactionResult",
+    "SparkEngine",
     "MergeStats",
     "SparkResolution",
     "TxnsDataSource",

@@ -34,7 +34,7 @@ default, retried whole on a conflict):
    proportional to the changed rows, not to the table. Only part
    descriptors and counts reach the driver: its memory does not grow with
    the table nor with the updates.
-5. ``Transaction._add_batch(..., read_table=True)`` records a read of the
+5. ``EngineTxn.add_batch(..., read_table=True)`` records a read of the
    whole table and the commit validates it: a write to the table committed
    by another transaction after ``read_ts`` raises ``TransactionConflict``
    (the batch's parts are deleted). :func:`merge` then starts over (new read
@@ -62,6 +62,7 @@ import pyarrow as pa
 from persist import Batch, InvalidUsage, PartRetired, Schema, SchemaMismatch
 from persist.manifest import PartRef, Run, bound_value, keep_parts
 from txns.db.catalog import TableEntry, check_writable, data_schema
+from txns.db.engine import EngineTxn
 from txns.db.errors import DuplicateKey, InvalidPrimaryKey, TableExists, TableNotFound, TransactionConflict
 from txns.db.keyed import describe_key
 from txns.db.transaction import CommitInfo, Transaction
@@ -214,7 +215,7 @@ def _merge(
     probe = db.transaction(metadata=metadata)
     try:
         _ = probe.read_ts  # (the table names as of now)
-        e = _keyed_entry(probe._entry(table), "merge into")
+        e = _keyed_entry(EngineTxn(probe).entry(table), "merge into")
     finally:
         probe.abort()
     src = _conform(e, updates, delete_column)
@@ -226,7 +227,7 @@ def _merge(
         attempt += 1
         t = db.transaction(metadata=metadata, isolation="strict_serializable")
         if progress is not None:
-            t._system = frozenset({SINKS})
+            EngineTxn(t).allow_system({SINKS})
         try:
             if progress is not None and _merged_already(t, *progress):
                 return dataclasses.replace(t.commit(), attempts=attempt), MergeStats(0, 0, 0, 0, 0, 0, 0)
@@ -270,10 +271,11 @@ def _merge_in(t: Transaction, e0: TableEntry, src: DataFrame, lo: Any, hi: Any, 
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    db = t._db
+    et = EngineTxn(t)
+    db = et.db
     table = e0.name
     ts = t.read_ts  # (re-resolves the table names at the read time)
-    e = _keyed_entry(t._entry(table), "merge into")
+    e = _keyed_entry(et.entry(table), "merge into")
     if e.schema != e0.schema or e.primary_key != e0.primary_key:
         raise SchemaMismatch(
             f"table {table!r} was re-created with another schema or primary key while merging into it; "
@@ -319,7 +321,7 @@ def _merge_in(t: Transaction, e0: TableEntry, src: DataFrame, lo: Any, hi: Any, 
     finally:
         changes.unpersist()
     try:
-        t._add_batch(table, batch, added=added, retracted=retracted, read_table=True)
+        et.add_batch(table, batch, added=added, retracted=retracted, read_table=True)
     except BaseException:
         batch.delete(db.client.blob)
         raise
@@ -349,12 +351,13 @@ def insert_keyed(t: Transaction, table: str, df: DataFrame) -> int:
     another transaction).
     """
     _check_frame(df, "insert")
-    t._check_open()
-    e = _keyed_entry(t._entry(table), "insert_keyed into")
-    check_url(t._db.url)
+    et = EngineTxn(t)
+    e = _keyed_entry(et.entry(table), "insert_keyed into")
+    db = et.db
+    check_url(db.url)
     d = e.data_id
-    t._check_not_opaque(e)
-    if t._own.get(d):
+    et.check_rows_kept(e)
+    if et.wrote_by_key(e):
         raise InvalidUsage(
             f"table {e.name!r} was already written by key in this transaction (upsert, delete, update or a "
             f"keyed insert of Arrow data); insert a Spark DataFrame into it in a transaction of its own. "
@@ -362,13 +365,12 @@ def insert_keyed(t: Transaction, table: str, df: DataFrame) -> int:
         )
     src = _conform(e, df, None)
     lo, hi = _check_updates(e, src, deleting=False, verb="insert", nothing="Nothing was inserted")
-    db = t._db
     schema = data_schema(e.schema, e.primary_key)
     if lo is None:  # no rows
         return 0
-    if d not in t._new and d not in t._emptied:
+    if et.reads_committed(e):
         ts = t.read_ts
-        t._note_scan(e)  # (recorded even if it then raises: the caller saw the outcome)
+        et.note_scan(e)  # (recorded even if it then raises: the caller saw the outcome)
         plan = db.plan(e, ts)
         runs = prune_range(plan.runs, lo, hi)
         if runs:
@@ -387,7 +389,7 @@ def insert_keyed(t: Transaction, table: str, df: DataFrame) -> int:
     batch = _write(src, db.url, d, schema)
     n = batch.rows
     try:
-        t._add_batch(table, batch, added=n, retracted=0, read_table=True)
+        et.add_batch(table, batch, added=n, retracted=0, read_table=True)
     except BaseException:
         batch.delete(db.client.blob)
         raise

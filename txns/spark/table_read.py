@@ -579,7 +579,7 @@ class TableBatchReader(DataSourceReader):
                 plan = db.plan(entry, hi)
                 since = plan_since(db, entry)
                 if lo < since:
-                    raise db._below(entry, lo, since)
+                    raise db.planner.below(entry, lo, since)
                 return plan_table_tasks(plan, lo)
             ts = db.resolve(opts.as_of)
             entry = db.entry(opts.name, ts)

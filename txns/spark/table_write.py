@@ -110,6 +110,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from persist import Batch, Indeterminate, InvalidUsage, PersistConfig, SchemaMismatch
 from persist.manifest import Run
 from txns.db.catalog import TableEntry, check_writable, data_schema
+from txns.db.engine import EngineTxn
 from txns.db.errors import TableExists, TableNotFound, TransactionConflict
 from txns.spark._common import check_url, location
 from txns.spark.write import _write_rows, check_columns, part_refs
@@ -264,7 +265,7 @@ def _delete(url: str, batch: Batch) -> None:
 
 
 def _check_same_table(t: Transaction, target: Target) -> None:
-    e = t._entry(target.table)
+    e = EngineTxn(t).entry(target.table)
     if e.data_id != target.data_id:
         raise TableNotFound(
             f"table {target.table!r} was dropped or renamed (and another created under its name) since Spark "
@@ -283,7 +284,9 @@ def commit_batch(target: Target, batch: Batch, rows: int, overwrite: bool) -> No
                     _check_same_table(t, target)
                     if overwrite:
                         t.truncate(target.table)
-                    t._add_batch(target.table, batch, added=rows, retracted=0, read_table=False, keep_on_abort=True)
+                    EngineTxn(t).add_batch(
+                        target.table, batch, added=rows, retracted=0, read_table=False, keep_on_abort=True
+                    )
                 return
             except TransactionConflict:
                 if attempt == OVERWRITE_ATTEMPTS:
@@ -414,7 +417,7 @@ def commit_stream_batch(target: Target, sink: str, batch: Batch, rows: int, batc
         for attempt in range(1, STREAM_ATTEMPTS + 1):
             try:
                 with db.transaction(metadata=meta, isolation="strict_serializable") as t:
-                    t._system = frozenset({SINKS})
+                    EngineTxn(t).allow_system({SINKS})
                     _ = t.read_ts  # the read time first: the names below resolve at it
                     _check_same_table(t, target)
                     try:
@@ -428,7 +431,9 @@ def commit_stream_batch(target: Target, sink: str, batch: Batch, rows: int, batc
                         return False
                     if overwrite:
                         t.truncate(target.table)
-                    t._add_batch(target.table, batch, added=rows, retracted=0, read_table=False, keep_on_abort=True)
+                    EngineTxn(t).add_batch(
+                        target.table, batch, added=rows, retracted=0, read_table=False, keep_on_abort=True
+                    )
                     t.upsert(SINKS, [{"sink": sink, "batch": batch_id}])
                 return True
             except (TransactionConflict, TableExists):

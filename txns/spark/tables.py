@@ -39,7 +39,7 @@ def enable_pushdown(spark: SparkSession) -> None:
 def _raw_url(db_or_url: Database | str) -> str:
     if isinstance(db_or_url, str):
         return db_or_url
-    return str(db_or_url._url)  # (the URL as given: db.url is redacted, executors need the secrets)
+    return db_or_url.client.url  # (the URL as given: db.url is redacted, executors need the secrets)
 
 
 def _as_of_option(db: Database, as_of: int | dt.datetime | str | None) -> str | None:
