@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import txns
 import txns.db.keyed as keyed_mod
-import txns.db.transaction as transaction_mod
+import txns.db.own_writes as own_writes_mod
 from persist import InvalidUsage, SchemaMismatch
 from txns.cli import main
 from txns.db.errors import InvalidPrimaryKey
@@ -371,7 +371,7 @@ def test_retract_and_stream_insert_on_keyed_tables(db: txns.Database) -> None:
 
 
 def test_keyed_writes_are_bounded(db: txns.Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transaction_mod, "KEYED_WRITES_BYTES", 1000)
+    monkeypatch.setattr(own_writes_mod, "KEYED_WRITES_BYTES", 1000)
     with db.transaction() as t:
         with pytest.raises(InvalidUsage, match="limited to"):
             t.upsert("accounts", [{"account": f"k{i}", "balance": i} for i in range(200)])

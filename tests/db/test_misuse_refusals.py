@@ -421,8 +421,8 @@ def test_a_lost_part_of_a_committed_unapplied_batch_is_corruption(tmp_path: Path
         # committed through the core alone: nothing applies it (as after a crash right after the commit)
         t = db.transaction()
         t.insert("t", [{"x": i} for i in range(10)])
-        t._finish()
-        (batch,) = t._batches[e.data_id]
+        t._staged.finish()
+        (batch,) = t._staged.batches[e.data_id]
         txn = db.committer.begin({})
         txn.write_batch(e.data_id, batch)
         txn.commit_at(db.handle, max(db.latest() + 1, clock.ts_of_ms(clock.system_ms())))

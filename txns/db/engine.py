@@ -82,24 +82,24 @@ class EngineTxn:
     def check_rows_kept(self, entry: TableEntry) -> None:
         """``InvalidUsage`` if an engine added a batch to ``entry`` here (its rows are not kept: no reads by key)."""
         with self.transaction._lock:
-            self.transaction._check_not_opaque(entry)
+            self.transaction._mine.check_not_opaque(entry)
 
     def wrote_by_key(self, entry: TableEntry) -> bool:
         """Whether the transaction wrote keyed ``entry`` by key (upsert, delete, update, a keyed Arrow insert)."""
         with self.transaction._lock:
-            return bool(self.transaction._own.get(entry.data_id))
+            return bool(self.transaction._mine.keyed.get(entry.data_id))
 
     def reads_committed(self, entry: TableEntry) -> bool:
         """Whether ``entry``'s committed rows count here: False if the transaction created or truncated it."""
         t = self.transaction
         with t._lock:
-            return entry.data_id not in t._new and entry.data_id not in t._emptied
+            return entry.data_id not in t._cat.created and entry.data_id not in t._mine.emptied
 
     def note_scan(self, entry: TableEntry) -> None:
         """Record a read of the whole of ``entry`` (validated at commit, per the isolation level)."""
         with self.transaction._lock:
             self.transaction._check_open()
-            self.transaction._note_scan(entry)
+            self.transaction._reads.note_scan(entry)
 
     def allow_system(self, names: Iterable[str]) -> None:
         """Let the transaction write the system tables ``names`` (the library's own sinks' progress rows only)."""
