@@ -53,31 +53,12 @@ if TYPE_CHECKING:
         connect,
     )
 
-# The database layer (names, Arrow, history, retention), on top of the core modules: loaded on first use
-# (PEP 562), so that importing the core (``txns.handle``...) does not import it.
-_DB_NAMES = frozenset(
-    {
-        "Abort",
-        "ClockSkewError",
-        "CommitInfo",
-        "Database",
-        "DatabaseNotFound",
-        "DuplicateKey",
-        "InvalidTableName",
-        "RowNotFound",
-        "Table",
-        "TableExists",
-        "TableNotFound",
-        "Transaction",
-        "TransactionClosed",
-        "TransactionConflict",
-        "connect",
-    }
-)
+# The database layer (names, Arrow, history, retention), on top of the core modules: its names in
+# ``__all__`` load on first use (PEP 562), so that importing the core (``txns.handle``...) does not import it.
 
 
 def __getattr__(name: str) -> Any:
-    if name in _DB_NAMES:
+    if name in __all__:  # (only a name not defined here yet: the database layer's)
         import txns.db
 
         value = getattr(txns.db, name)
@@ -87,7 +68,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_DB_NAMES})
+    return sorted({*globals(), *__all__})
 
 
 def _load_spark() -> None:
