@@ -17,6 +17,7 @@ would pass a limit raises ``InvalidUsage`` before anything of it is kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -25,7 +26,8 @@ import pyarrow.compute as pc
 from persist import InvalidUsage
 from txns.db.catalog import TableEntry
 from txns.db.errors import RowNotFound
-from txns.db.keyed import Key
+from txns.db.keyed import Key, without_keys
+from txns.db.scan import consolidate
 
 TRACK_INSERTED_BYTES = 64 << 20
 """Rows a transaction inserts are kept in memory up to this many bytes, so it can retract them itself."""
@@ -89,6 +91,32 @@ class OwnWrites:
                 f"(or a stream), which it does not keep: it cannot read the table back; read it in a later transaction"
             )
 
+    def read_back(
+        self, e: TableEntry, committed: Callable[[list[str]], pa.Table], cols: list[str], expr: Any
+    ) -> pa.Table:
+        """Table ``e`` as the transaction sees it: ``committed(columns)`` (its committed rows, filtered by
+        ``expr``) with the own writes applied, projected to ``cols`` (the caller checked :meth:`check_readable`)."""
+        d = e.data_id
+        out_schema = pa.schema([e.schema.field(c) for c in cols])
+        if e.primary_key is None:
+            ins, ret = self.inserted.get(d, []), self.retracted.get(d, [])
+            if not ins and not ret:
+                return committed(cols)
+            names = list(e.schema.names)
+            parts = [_with_diff(committed(names), 1)]
+            parts += [_with_diff(t if expr is None else t.filter(expr), 1) for t in ins]
+            parts += [_with_diff(t if expr is None else t.filter(expr), -1) for t in ret]
+            return consolidate(pa.concat_tables(parts), names).select(cols).cast(out_schema)
+        own = self.keyed.get(d, {})
+        if not own:
+            return committed(cols)
+        need = [*cols, *(c for c in e.primary_key if c not in cols)]
+        base = without_keys(e, committed(need), list(own)).select(cols)
+        mine = pa.Table.from_pylist([r for r in own.values() if r is not None], schema=e.schema)
+        if expr is not None:
+            mine = mine.filter(expr)
+        return pa.concat_tables([base.cast(out_schema), mine.select(cols).cast(out_schema)])
+
     def check_present(self, e: TableEntry, rows: pa.Table, committed: pa.Table | None) -> None:
         """``RowNotFound`` unless every row of ``rows`` is in unkeyed ``e`` (``committed``: its committed rows
         that may match, None for a table created here; the transaction's own inserts and retractions counted)."""
@@ -117,6 +145,10 @@ class OwnWrites:
                 f"table {e.name!r}: cannot retract {first}: {missing} more occurrence(s) than the table holds"
                 f"{hint}; {short.num_rows} distinct row(s) short in all. Nothing was retracted"
             )
+
+
+def _with_diff(t: pa.Table, diff: int) -> pa.Table:
+    return t.append_column("diff", pa.repeat(pa.scalar(diff, pa.int64()), t.num_rows))
 
 
 def _with_n(t: pa.Table, n: int, asked: int = 0) -> pa.Table:

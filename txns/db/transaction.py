@@ -86,13 +86,12 @@ from txns.db.keyed import (
     keys_of,
     read_at,
     require_keyed,
-    without_keys,
 )
 from txns.db.keyed_writes import KeyedWrites
 from txns.db.own_writes import KEYED_WRITES_BYTES, TRACK_INSERTED_BYTES, OwnWrites
 from txns.db.read_tracker import ReadTracker
 from txns.db.retention import check_retention
-from txns.db.scan import PlanReader, check_columns, check_filter, consolidate, read_table, scan
+from txns.db.scan import PlanReader, check_columns, check_filter, read_table, scan
 from txns.db.staging import Staging
 from txns.db.txn_catalog import TxnCatalog
 from txns.db.txn_commit import CommitInfo, submit
@@ -533,27 +532,8 @@ class Transaction:
         cols = check_columns(e.schema, columns)
         expr = check_filter(e.schema, filter)
         self._mine.check_readable(e)
-        d = e.data_id
         self._reads.note_scan(e)
-        out_schema = pa.schema([e.schema.field(c) for c in cols])
-        if e.primary_key is None:
-            ins, ret = self._mine.inserted.get(d, []), self._mine.retracted.get(d, [])
-            if not ins and not ret:
-                return self._committed(e, cols, expr)
-            names = list(e.schema.names)
-            parts = [_with_diff(self._committed(e, names, expr), 1)]
-            parts += [_with_diff(t if expr is None else t.filter(expr), 1) for t in ins]
-            parts += [_with_diff(t if expr is None else t.filter(expr), -1) for t in ret]
-            return consolidate(pa.concat_tables(parts), names).select(cols).cast(out_schema)
-        own = self._mine.keyed.get(d, {})
-        if not own:
-            return self._committed(e, cols, expr)
-        need = [*cols, *(c for c in e.primary_key if c not in cols)]
-        base = without_keys(e, self._committed(e, need, expr), list(own)).select(cols)
-        mine = pa.Table.from_pylist([r for r in own.values() if r is not None], schema=e.schema)
-        if expr is not None:
-            mine = mine.filter(expr)
-        return pa.concat_tables([base.cast(out_schema), mine.select(cols).cast(out_schema)])
+        return self._mine.read_back(e, lambda names: self._committed(e, names, expr), cols, expr)
 
     def _committed(self, e: TableEntry, cols: list[str], expr: Any) -> pa.Table:
         """``e``'s committed rows at the read time (projected, filtered); none for a table created here."""
@@ -653,10 +633,6 @@ def _committed_matching(db: Database, e: TableEntry, ts: int, rows: pa.Table) ->
         return read_table(PlanReader(db.client.blob, plan, cols, expr, cfg.retry_deadline_s))
 
     return db.planner.with_replan(cur, ts, read).cast(e.schema)
-
-
-def _with_diff(t: pa.Table, diff: int) -> pa.Table:
-    return t.append_column("diff", pa.repeat(pa.scalar(diff, pa.int64()), t.num_rows))
 
 
 __all__ = ["KEYED_WRITES_BYTES", "KEY_CACHE_KEYS", "TRACK_INSERTED_BYTES", "CommitInfo", "Transaction", "TxnState"]
