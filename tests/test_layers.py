@@ -258,10 +258,10 @@ def test_importing_the_core_loads_no_database_layer_nor_spark() -> None:
 
 def _names_a_module(node: ast.AST) -> str | None:
     """The library's module a string constant names exactly (``"txns.spark.batch"``), if any."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
         v = node.value
-        if v in MODULES or (v.startswith(("txns.", "persist.")) and v.replace(".", "").replace("_", "").isalnum()):
-            return v if _resolve(v) is not None else None
+        if v.startswith(("txns.", "persist.")) and all(p.isidentifier() for p in v.split(".")):
+            return v
     return None
 
 
