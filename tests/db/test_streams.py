@@ -38,6 +38,12 @@ class Exported:
         return self.source.__arrow_c_stream__(requested_schema)
 
 
+
+def _sql(query: str) -> duckdb.DuckDBPyRelation:
+    """``query``'s relation on a DuckDB connection of its own: the default connection has one open result at a
+    time, and a stream a test left half-read (a failed insert) would make the next query there fail."""
+    return duckdb.connect().sql(query)
+
 def ids(db: txns.Database, table: str) -> list[int]:
     return sorted(db.table(table).to_arrow().column("id").to_pylist())
 
@@ -62,7 +68,7 @@ def test_a_duckdb_query_result_in_one_transaction_with_another_write(db: txns.Da
         "t", pa.schema([pa.field("id", pa.int64(), nullable=False), ("k", pa.int32()), ("x", pa.float64())])
     )
     db.create_table("log", pa.schema([("msg", pa.string())]))
-    rel = duckdb.sql(f"SELECT range AS id, range % 1000 AS k, range / 4 AS x FROM range({n})")  # k: BIGINT
+    rel = _sql(f"SELECT range AS id, range % 1000 AS k, range / 4 AS x FROM range({n})")  # k: BIGINT
     with db.transaction() as t:
         assert t.insert("t", rel) == n
         t.insert("log", [{"msg": "loaded"}])
@@ -81,12 +87,12 @@ def test_a_stream_into_a_keyed_table_and_retracting_one(db: txns.Database) -> No
     )
     db.create_table("m", pa.schema([("id", pa.int64())]))
     with db.transaction() as t:
-        t.insert("k", duckdb.sql("SELECT range AS id, 'v' || range AS v FROM range(5)"))
-        t.insert("m", duckdb.sql("SELECT range % 3 AS id FROM range(9)"))
+        t.insert("k", _sql("SELECT range AS id, 'v' || range AS v FROM range(5)"))
+        t.insert("m", _sql("SELECT range % 3 AS id FROM range(9)"))
     with pytest.raises(txns.DuplicateKey), db.transaction() as t:
-        t.insert("k", duckdb.sql("SELECT 4 AS id, 'again' AS v"))
+        t.insert("k", _sql("SELECT 4 AS id, 'again' AS v"))
     with db.transaction() as t:
-        assert t.retract("m", duckdb.sql("SELECT 1 AS id UNION ALL SELECT 1")) == 2
+        assert t.retract("m", _sql("SELECT 1 AS id UNION ALL SELECT 1")) == 2
     assert ids(db, "k") == [0, 1, 2, 3, 4]
     assert ids(db, "m") == [0, 0, 0, 1, 2, 2, 2]
 
@@ -167,7 +173,9 @@ def test_a_long_stream_is_written_with_bounded_memory() -> None:
             assert t.insert("t", Exported(reader)) == n_batches * rows_per_batch
         assert len(alive) == n_batches
         assert max(alive) <= most_alive < n_batches // 20, alive
-        assert max(held) <= n_batches * batch_bytes // 4, held
+        # (bytes are process-wide: other threads' allocations count too, so this bound is loose; a stream
+        # kept whole would hold all n_batches * batch_bytes, twice over with ts and diff)
+        assert max(held) <= n_batches * batch_bytes // 2, held
         got = db.table("t").to_arrow().sort_by("id")
         want = pa.array(np.arange(n_batches * rows_per_batch, dtype=np.int64))
         assert got.column("id").combine_chunks().equals(want)
@@ -188,7 +196,7 @@ def test_a_long_stream_is_written_with_bounded_memory() -> None:
     ],
 )
 def test_a_bad_duckdb_result_changes_nothing(store: Store, query: str, match: str) -> None:
-    unchanged(store, in_txn(store, lambda t: t.insert("t", duckdb.sql(query))), SchemaMismatch, match)
+    unchanged(store, in_txn(store, lambda t: t.insert("t", _sql(query))), SchemaMismatch, match)
 
 
 def test_a_source_failing_midway_leaves_no_part_behind(store: Store) -> None:
@@ -212,12 +220,12 @@ def test_a_source_failing_midway_leaves_no_part_behind(store: Store) -> None:
         "SELECT CASE WHEN range < 60000 THEN range ELSE error('the query failed') END AS id, "
         "'q' AS name, 1.0 AS amount FROM range(100000)"
     )
-    unchanged(store, in_txn(store, lambda t: t.insert("t", duckdb.sql(failing_query))), Exception, "the query failed")
+    unchanged(store, in_txn(store, lambda t: t.insert("t", _sql(failing_query))), Exception, "the query failed")
     # Caught inside a transaction, the failed insert leaves the transaction usable and its other writes whole.
     with store.db.transaction() as t:
         t.insert("t", [{"id": 2, "name": "b", "amount": 2.0}])
         with pytest.raises(Exception, match="the query failed"):
-            t.insert("t", duckdb.sql(failing_query))
+            t.insert("t", _sql(failing_query))
         t.insert("t", [{"id": 3, "name": "c", "amount": 3.0}])
     assert ids(store.db, "t") == [g["id"] for g in GOOD] + [2, 3]
 
