@@ -341,7 +341,7 @@ def cmd_sql(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(str(e)) from None
     db = open_db(args.url)
     try:
-        as_of = db.resolve(parse_as_of(args.as_of))
+        as_of = db.timestamp(parse_as_of(args.as_of))
         try:
             rel = db.sql(args.query, as_of=as_of)
             table = rel.arrow()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import ast
 import threading
+import uuid
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+import txns
 from persist import InvalidUsage, finish_all
 from txns.db.args import check_positive_int
 from txns.db.pool import each, each_or_raise
@@ -89,3 +92,18 @@ def test_check_positive_int_refuses_what_is_not_a_positive_int(bad: object) -> N
 def test_check_positive_int_passes_positive_ints_and_none() -> None:
     assert check_positive_int(None, "workers") is None
     assert check_positive_int(3, "workers") == 3
+
+
+def test_timestamp_names_what_resolve_did_and_resolve_warns() -> None:
+    db = txns.connect(f"mem://facade-ts-{uuid.uuid4().hex}")
+    try:
+        db.create_table("t", pa.schema([("x", pa.int64())]))
+        with db.transaction() as t:
+            t.insert("t", [{"x": 1}])
+        committed = t.commit_info.ts  # type: ignore[union-attr]
+        assert db.timestamp() == db.latest() >= committed
+        assert db.timestamp(committed) == committed
+        with pytest.warns(DeprecationWarning, match=r"Database.timestamp\(as_of\)"):
+            assert db.resolve(committed) == committed
+    finally:
+        db.close()

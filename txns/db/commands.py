@@ -124,7 +124,7 @@ def cmd_init(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
     db = open_db(args.url)
     try:
-        ts = db.resolve(parse_as_of(args.as_of))
+        ts = db.timestamp(parse_as_of(args.as_of))
         view = db.catalog(ts)
         rows: list[dict[str, Any]] = []
         for name in sorted(view.tables):
@@ -169,7 +169,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     try:
         from txns.db.table import Table
 
-        as_of = db.resolve(parse_as_of(args.as_of))
+        as_of = db.timestamp(parse_as_of(args.as_of))
         db.entry(args.table, as_of)  # TableNotFound (a usage error) names what exists
         table = Table(db, args.table).to_arrow(as_of=as_of)
     finally:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -257,13 +258,18 @@ class Database:
         """The latest timestamp: every commit so far is at or below it (read fresh, never waits)."""
         return self.timeline.latest()
 
-    def resolve(self, as_of: AsOf) -> int:
+    def timestamp(self, as_of: AsOf = None) -> int:
         """``as_of`` (None: latest; a timestamp; a datetime) as a timestamp readable now.
 
         A past time beyond the latest commit is closed first (an empty
         commit); a future one is waited for (:mod:`txns.db.timeline`).
         """
-        return self.timeline.resolve(as_of)
+        return self.timeline.timestamp(as_of)
+
+    def resolve(self, as_of: AsOf) -> int:
+        """Deprecated: :meth:`timestamp` (``resolve`` also names intent resolution and the resolver package)."""
+        warnings.warn("Database.resolve(as_of) is now Database.timestamp(as_of)", DeprecationWarning, stacklevel=2)
+        return self.timestamp(as_of)
 
     # ---- catalog ------------------------------------------------------------------------------
 
@@ -277,7 +283,7 @@ class Database:
 
     def tables(self, as_of: AsOf = None) -> list[str]:
         """The names of the tables at ``as_of`` (default: latest), sorted."""
-        return sorted(self.catalog(self.resolve(as_of)).tables)
+        return sorted(self.catalog(self.timestamp(as_of)).tables)
 
     def table(self, name: str) -> Table:
         """The table ``name`` (TableNotFound if there is none now)."""
@@ -515,7 +521,7 @@ class Database:
         from txns.db.read_txn import ReadTransaction
 
         self._check_open()
-        ts = self.oracle(isolation).read_ts() if as_of is None else self.resolve(as_of)
+        ts = self.oracle(isolation).read_ts() if as_of is None else self.timestamp(as_of)
         return ReadTransaction(self, ts)
 
     def sql(self, query: str, as_of: AsOf = None) -> Any:

@@ -38,7 +38,7 @@ class PinnedTable(Table):
         return f"Table({self.name!r}, ts={self.ts})"
 
     def _at(self, as_of: AsOf) -> tuple[TableEntry, int]:
-        ts = self.ts if as_of is None else self.db.resolve(as_of)
+        ts = self.ts if as_of is None else self.db.timestamp(as_of)
         return self.db.entry(self.name, ts), ts
 
     def changes(

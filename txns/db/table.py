@@ -40,7 +40,7 @@ class Table:
         return f"Table({self.name!r})"
 
     def _at(self, as_of: AsOf) -> tuple[TableEntry, int]:
-        ts = self.db.resolve(as_of)
+        ts = self.db.timestamp(as_of)
         return self.db.entry(self.name, ts), ts
 
     @property
@@ -203,7 +203,7 @@ class Table:
             hi = db.latest()
         else:
             end_ts = _bound(end, "end")
-            hi = db.resolve(end_ts - 1) if end_ts > lo else lo - 1
+            hi = db.timestamp(end_ts - 1) if end_ts > lo else lo - 1
         e = db.entry(self.name, hi if hi >= lo else db.latest())
         cols = check_columns(e.schema, columns)
         if hi < lo:

@@ -28,7 +28,7 @@ AsOf = int | dt.datetime | None
 
 
 class Timeline:
-    """The txns shard's upper as time: fresh (:meth:`latest`), as last seen, and ``as_of`` resolved."""
+    """The txns shard's upper as time: fresh (:meth:`latest`), as last seen, and the timestamp of an ``as_of``."""
 
     def __init__(
         self,
@@ -70,7 +70,7 @@ class Timeline:
             cache.sync_cached()
             return cache.frontier - 1
 
-    def resolve(self, as_of: AsOf) -> int:
+    def timestamp(self, as_of: AsOf) -> int:
         """``as_of`` (None: latest; a timestamp; a datetime) as a timestamp readable now (see the module doc)."""
         self._check_open()
         if as_of is None:

@@ -350,7 +350,7 @@ def table_stream_reader(options: Mapping[str, str], schema: StructType) -> DataS
     if opts.start is not None or opts.end is not None:
         raise InvalidUsage("a stream starts at asOf (default: the latest time), not at start/end")
     with opts.connect() as db:
-        ts = db.resolve(opts.as_of)
+        ts = db.timestamp(opts.as_of)
         entry = db.entry(opts.name, ts)
         txns_id = db.root.txns_id
     return TxnsStreamReader(Options(opts.url, txns_id, entry.data_id, None if opts.as_of is None else ts), schema)

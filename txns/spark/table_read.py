@@ -280,9 +280,9 @@ def output_struct(entry: TableEntry, *, diff: bool, changes: bool) -> StructType
 def _entry_now(db: Database, opts: TableOptions) -> tuple[TableEntry, int]:
     """The table's entry at the read's time (changes: its end) and that time."""
     if opts.changes and opts.end is not None:
-        ts = db.resolve(max(opts.end - 1, opts.start or 0))
+        ts = db.timestamp(max(opts.end - 1, opts.start or 0))
     else:
-        ts = db.resolve(opts.as_of)
+        ts = db.timestamp(opts.as_of)
     return db.entry(opts.name, ts), ts
 
 
@@ -566,7 +566,7 @@ class TableBatchReader(DataSourceReader):
                 if opts.end is None:
                     hi = db.latest()
                 else:
-                    hi = db.resolve(opts.end - 1) if opts.end > lo else lo - 1
+                    hi = db.timestamp(opts.end - 1) if opts.end > lo else lo - 1
                 if hi < lo:
                     entry = db.entry(opts.name, db.latest())
                     self._check(entry)
@@ -581,7 +581,7 @@ class TableBatchReader(DataSourceReader):
                 if lo < since:
                     raise db.planner.below(entry, lo, since)
                 return plan_table_tasks(plan, lo)
-            ts = db.resolve(opts.as_of)
+            ts = db.timestamp(opts.as_of)
             entry = db.entry(opts.name, ts)
             self._check(entry)
             db.client.hold_parts(entry.data_id, opts.valid_for_s)

@@ -47,7 +47,7 @@ def _as_of_option(db: Database, as_of: int | dt.datetime | str | None) -> str | 
         return None
     if isinstance(as_of, str):
         return str(parse_time(as_of, "as_of", end_of_ms=True))
-    return str(db.resolve(as_of))
+    return str(db.timestamp(as_of))
 
 
 def register_tables(
@@ -126,7 +126,7 @@ def read_table(
         at = str(parse_time(as_of, "as_of", end_of_ms=True))
     if native or (native is None and native_root(url) is not None):  # (elsewhere: no connect needed)
         with txns.connect(url, create=False) as db:
-            ts = db.resolve(None if at is None else int(at))
+            ts = db.timestamp(None if at is None else int(at))
             df = native_table_read(spark, db, url, db.entry(name, ts), ts, diff=diff, valid_for_s=valid)
         if df is not None:
             return df
