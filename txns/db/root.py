@@ -40,6 +40,7 @@ from typing import Any
 
 from persist import (
     Attempts,
+    Determinate,
     ExternalError,
     Indeterminate,
     InvalidUsage,
@@ -172,20 +173,26 @@ def create_root(client: PersistClient, proposal: RootRecord) -> RootRecord:
 
 
 def update_root(client: PersistClient, change: dict[str, Any]) -> RootRecord:
-    """Change settings (``retention_ms``) in a new version of the root record; return it."""
-    while True:
+    """Change settings (``retention_ms``) in a new version of the root record; return it.
+
+    A lost race or an uncertain write reads the record again and writes
+    again if the change is not there yet; storage failures are tried again
+    too, all until the client's retry deadline (:func:`persist.retry_until`).
+    """
+
+    def attempt(_: Attempts) -> RootRecord:
         root = read_root(client)
         if root is None:
             raise InvalidUsage("there is no database here to change")
         new = replace(root, **change)
         if new == root:
-            return root
-        try:
-            res = client.consensus.compare_and_set(ROOT_KEY, root.seqno, new.encode())
-        except Indeterminate:
-            continue  # re-read: either it landed (no change needed) or we write again
+            return root  # (also: an earlier uncertain write of ours landed)
+        res = client.consensus.compare_and_set(ROOT_KEY, root.seqno, new.encode())
         if res is CaSResult.COMMITTED:
             return replace(new, seqno=root.seqno + 1)
+        raise Determinate(f"another writer changed the root record {ROOT_KEY} first: read it again")
+
+    return retry_until(attempt, retry_on=ExternalError, deadline_s=client.config.retry_deadline_s)
 
 
 def new_proposal(now_ms: int) -> RootRecord:
