@@ -31,11 +31,13 @@ Run: ``.venv/bin/python benchmarks/bench_contention.py`` (all stores, 1, 2,
 from __future__ import annotations
 
 import argparse
+import collections
 import multiprocessing
 import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -48,15 +50,56 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import moto_server, new_bucket_url, print_table
 
 import txns
+from persist.location import CaSResult
 from persist.unreliable import Counters, CountingBlob, CountingConsensus, Op
 from persist.url import Location, LocationURL, open_location, register_scheme, schemes
 from tests.db.test_starvation import ACCOUNTS, TABLE, make_bank
 
 
+class _KeyCounts:
+    """Calls per (operation, key, outcome), for ``--breakdown`` (key: a consensus key, or a blob key's first part)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+
+    def add(self, op: Op, what: str, result: Any) -> None:
+        key = what.split(" ")[0].strip("'")
+        if op.value.startswith("blob"):
+            parts = key.split("/")
+            key = "/".join(parts[:3]) if len(parts) > 2 and parts[1] == "queue" else parts[0].split("-")[0] + "/..."
+        outcome = "lost" if result is CaSResult.MISMATCH else ""
+        if BY_THREAD:
+            outcome += " @" + threading.current_thread().name.split("_")[0].rstrip("0123456789-")
+            if BY_STACK and op.value in BY_STACK:
+                import traceback
+                fs = [f for f in traceback.extract_stack()[:-3] if "/txns/" in f.filename]
+                outcome += " <" + " < ".join(f.name for f in reversed(fs[-5:]))
+        with self.lock:
+            self.counts[(op.value, key, outcome)] += 1
+
+
+KEY_COUNTS = _KeyCounts()
+
+
+class _KeyCountedBlob(CountingBlob):
+    def _run(self, op: Op, what: str, call: Any, written: int = 0, read: Any = None) -> Any:
+        r = super()._run(op, what, call, written, read)
+        KEY_COUNTS.add(op, what, r)
+        return r
+
+
+class _KeyCountedConsensus(CountingConsensus):
+    def _run(self, op: Op, what: str, call: Any, written: int = 0, read: Any = None) -> Any:
+        r = super()._run(op, what, call, written, read)
+        KEY_COUNTS.add(op, what, r)
+        return r
+
+
 def _open_counted(u: LocationURL) -> Location:
     inner = open_location(u.url[len("counted+") :])
     counters = Counters()
-    return Location(u.url, CountingBlob(inner.blob, counters), CountingConsensus(inner.consensus, counters))
+    return Location(u.url, _KeyCountedBlob(inner.blob, counters), _KeyCountedConsensus(inner.consensus, counters))
 
 
 for _inner in ("s3", "file"):
@@ -80,12 +123,24 @@ def _model_requests(db: txns.Database) -> int:
 
 def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
     rng = random.Random(wid)
+    if os.environ.get("BENCH_LOG"):  # (debugging: the queue's and the applier's decisions, one file per process)
+        import logging
+        logging.basicConfig(filename=f"{os.environ['BENCH_LOG']}-{wid}.log", level=logging.WARNING,
+                            format="%(relativeCreated)d %(threadName)s %(name)s %(message)s")
+        for name in ("txns.group_commit", "txns.db.applier", "txns.db.committer"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     db = txns.connect(url)
-    if workload == "transfer":  # (warm the process's caches outside the window)
+    # warm the process's caches and handles outside the window (the first commit opens writers)
+    if workload == "transfer":
         db.table(TABLE).to_arrow()
+    else:
+        with db.transaction() as t:
+            t.insert("events", [{"id": f"{wid}-warm"}])
     ready.put(wid)
     go.wait()
     calls0, lost0 = _counts(db)
+    with KEY_COUNTS.lock:
+        keys0 = collections.Counter(KEY_COUNTS.counts)
     req0 = _model_requests(db)
     cpu0 = time.process_time()
     lat: list[float] = []
@@ -125,8 +180,19 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
     cpu = time.process_time() - cpu0
     calls1, lost1 = _counts(db)
     turns = db._run_turns.taken
-    out.put({"lat": lat, "cpu": cpu, "calls": calls1 - calls0, "lost": lost1 - lost0,
-             "requests": _model_requests(db) - req0, "attempts": attempts, "aborted": aborted,
+    qc = db.committer._queue_committer
+    queue_stats = {"queued": qc.queued, "rounds": qc.rounds, "grouped": qc.grouped,
+                   "leases": qc.lease.acquired} if qc is not None else {}
+    queue_stats["groups"] = db.committer.group_commits
+    with KEY_COUNTS.lock:
+        keys = KEY_COUNTS.counts - keys0
+    txns_id = db.root.txns_id
+    named: collections.Counter[str] = collections.Counter()
+    for (op, key, outcome), c in keys.items():
+        key = key.replace(txns_id, "TXNS")
+        named[f"{op} {key if key.startswith('TXNS') else 'shard ' + key[:10]} {outcome}".strip()] += c
+    out.put({"queue": queue_stats, "keys": named, "lat": lat, "cpu": cpu, "calls": calls1 - calls0,
+             "lost": lost1 - lost0, "requests": _model_requests(db) - req0, "attempts": attempts, "aborted": aborted,
              "gave_up": gave_up, "errors": errors, "turns": turns})
     db.close()
 
@@ -155,6 +221,12 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
         if p.is_alive():
             p.kill()
     lat = sorted(x for r in rs for x in r["lat"])
+    if BREAKDOWN:
+        print("      per process:", [r["queue"] for r in rs])
+        keys = sum((r["keys"] for r in rs), collections.Counter())
+        per = max(1, len(lat))
+        for k, c in sorted(keys.items(), key=lambda kv: -kv[1])[:25]:
+            print(f"      {c / per:7.2f} / commit  {k}")
     n = len(lat)
     done = max(1, sum(len(r["lat"]) for r in rs))
     calls = sum(r["calls"] for r in rs) or sum(r["requests"] for r in rs)
@@ -174,7 +246,13 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
     }
 
 
+BREAKDOWN = False
+BY_STACK = os.environ.get("BENCH_BY_STACK", "")  # (operations whose txns call chain to show, e.g. consensus.scan)
+BY_THREAD = os.environ.get("BENCH_BY_THREAD") == "1"  # (--breakdown: also by the calling thread's name)
+
+
 def main() -> None:
+    global BREAKDOWN
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--stores", default="file,s3model,moto")
     p.add_argument("--procs", default="1,2,4,8,16")
@@ -182,7 +260,9 @@ def main() -> None:
     p.add_argument("--workload", choices=("events", "transfer"), default="events")
     p.add_argument("--latency-ms", type=float, default=60.0, help="the S3 model's latency per request")
     p.add_argument("--cas-per-key-s", type=float, default=15.0, help="the S3 model's cap per key")
+    p.add_argument("--breakdown", action="store_true", help="print storage calls per commit by operation and key")
     a = p.parse_args()
+    BREAKDOWN = a.breakdown
     rows = []
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-contention-"))

@@ -145,10 +145,15 @@ def moto_server() -> Iterator[str]:
     PUTs are atomic (see the module doc).
     """
     from moto.server import ThreadedMotoServer
+    from werkzeug.serving import WSGIRequestHandler  # (moto's server is werkzeug's)
 
     werkzeug_log = logging.getLogger("werkzeug")  # one INFO line per request is noise
     old_level = werkzeug_log.level
     werkzeug_log.setLevel(logging.WARNING)
+    # Keep-alive, as S3 does: werkzeug's server speaks HTTP/1.0 by default, which closes the
+    # connection after every response (a TCP connect and a server thread per request).
+    old_protocol = WSGIRequestHandler.protocol_version
+    WSGIRequestHandler.protocol_version = "HTTP/1.1"
     with fake_aws_env(), atomic_moto_puts():
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -158,6 +163,7 @@ def moto_server() -> Iterator[str]:
         finally:
             server.stop()
             werkzeug_log.setLevel(old_level)
+            WSGIRequestHandler.protocol_version = old_protocol
 
 
 # ---- the conformance suite -------------------------------------------------------------

@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SMALL_BATCH_ROWS = 1024
+"""A txns batch of at most this many rows is consolidated in Python when the cache reads it (cheaper than Arrow)."""
 TRACKED_BATCHES_MAX = 200_000
 """``seen_batches`` keeps at most this many ids; trimming drops the oldest half."""
 
@@ -281,7 +283,20 @@ class TxnsCache:
             if batch.upper <= self.frontier:
                 continue
             tables = list(self.shard.read_batch(batch, TXNS_SCHEMA.arrow))
-            if tables:
+            if 0 < sum(t.num_rows for t in tables) <= SMALL_BATCH_ROWS:
+                # A commit's batch (a few entries): consolidated in Python, in the order below
+                # (by time, then key and val), without Arrow's per-call cost, which every
+                # process following the shard pays for every commit.
+                sums: dict[tuple[Any, ...], int] = {}
+                for t in tables:
+                    for (key, val), at, diff in to_updates(TXNS_SCHEMA, t):
+                        if at >= self.frontier:
+                            k = (at, key, val)
+                            sums[k] = sums.get(k, 0) + diff
+                for (at, key, val), diff in sorted(sums.items()):
+                    if diff:
+                        self._process(Entry.from_kv(key, val), at, diff)
+            elif tables:
                 t = pa.concat_tables(tables)
                 t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(self.frontier, pa.uint64())))
                 t = consolidate(t)

@@ -88,6 +88,9 @@ KIND_LEASE = 5
 """The framing kind of a sequencer lease version."""
 MAX_GROUP = 1000
 """At most this many queued transactions commit in one conditional write."""
+ROUND_RETRIES = 3
+"""A round whose conditional write lost to another commit checks the commits in between and writes again this
+many times before leaving its transactions to the next round."""
 
 
 def queue_prefix(txns_id: str) -> str:
@@ -225,6 +228,14 @@ class SequencerLease:
         self._seqno = None
 
 
+class _MembersCommitted(Exception):
+    """A sequencer's write gave up: these queued objects' transactions committed meanwhile (see ``_round``)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(f"{len(keys)} queued transaction(s) committed meanwhile")
+        self.keys = set(keys)
+
+
 class _Waiting:
     """A transaction waiting to commit directly, and its outcome once settled (see ``GroupCommitter.commit``)."""
 
@@ -268,9 +279,14 @@ class GroupCommitter:
         contended_s: float = 1.0,
         slow_s: float = 0.25,
         timeout_s: float = 60.0,
+        linger_s: float | None = None,
+        idle_poll_s: float = 0.05,
     ) -> None:
         if lease_ms < 100:
             raise InvalidUsage(f"lease_ms must be at least 100, got {lease_ms}")
+        for name, value in (("poll_s", poll_s), ("idle_poll_s", idle_poll_s), ("linger_s", linger_s or 0.0)):
+            if not value >= 0:
+                raise InvalidUsage(f"{name} must be a number of seconds >= 0, got {value!r}")
         self.handle = handle
         self.ts_fn = ts_fn or (lambda upper: upper)
         self.direct = direct
@@ -278,6 +294,10 @@ class GroupCommitter:
         self.contended_s = contended_s
         self.slow_s = slow_s
         self.timeout_s = timeout_s
+        #: the sequencer keeps the lease this long after the queue empties (default: a quarter lease)
+        self.linger_s = lease_ms / 4000 if linger_s is None else linger_s
+        self.idle_poll_s = max(idle_poll_s, poll_s)
+        self._wait_s = 4 * poll_s  # how long a queued transaction of this process waited lately (EWMA)
         self.lease = SequencerLease(handle, lease_ms)
         self.blob = handle.client.blob
         self.prefix = queue_prefix(handle.txns_id)
@@ -329,7 +349,7 @@ class GroupCommitter:
         """
         if not isinstance(txn, Txn):
             raise InvalidUsage(f"commit takes a txns.Txn, got {type(txn).__name__}")
-        if self.direct and time.monotonic() >= self._contended_until:
+        if self.direct and not self.queueing():
             mine = _Waiting(txn)
             with self._pending_lock:
                 self._pending.append(mine)
@@ -344,6 +364,17 @@ class GroupCommitter:
             if mine.outcome is not None:
                 return mine.outcome
         return self._through_queue([txn])[0]
+
+    def queueing(self) -> bool:
+        """Whether write-only commits go through the queue now, not try a direct write first.
+
+        While contended: a direct write of this process lost a race, or was
+        slow, within ``contended_s``. (Not merely while another process
+        sequences: on a store where a request costs tens of milliseconds, a
+        queued commit takes several round trips, so with a few writers
+        direct writes that now and then lose a race are faster.)
+        """
+        return time.monotonic() < self._contended_until
 
     def _commit_direct(self, leader: _Waiting) -> None:
         """Under the lock: commit ``leader``'s transaction directly, with every joinable one waiting meanwhile.
@@ -429,15 +460,21 @@ class GroupCommitter:
         elif waiting:
             self._enqueue(waiting[0][2])
         self.queued += len(waiting)
-        deadline = time.monotonic() + self.timeout_s
+        started = time.monotonic()
+        deadline = started + self.timeout_s
         polls = 0
         while waiting:
             with self._lock:
                 try:
-                    if time.monotonic() - self._synced_at >= self.poll_s:  # (one read serves every waiting thread)
+                    # (just enqueued, nothing can have committed it yet: no read before the first pause)
+                    # (one read serves every waiting thread of this process; none while this process
+                    # sequences: its rounds move the view past each commit they make)
+                    if polls > 0 and self._serving is None and time.monotonic() - self._synced_at >= self.poll_s:
                         h.cache.sync()
                         self._synced_at = time.monotonic()
-                    found = [(w, self._committed(w[2])) for w in waiting]
+                    found = [(w, self._committed(w[2]) if polls > 0 else None) for w in waiting]
+                    # The lease: read afresh every other poll (a holder that released it is replaced
+                    # at once; a lapsed one by its expiry).
                     if any(ts is None for _, ts in found) and self._serving is None and self.lease.hold(
                         fresh=polls % 2 == 1
                     ):
@@ -464,8 +501,24 @@ class GroupCommitter:
                     f"them within {self.timeout_s} s; they may still commit: commit the same transactions again "
                     f"to wait for them"
                 )
-            time.sleep(self.poll_s * min(8, 1 + polls // 4))
+            time.sleep(self._pause(polls))
+        if polls > 0:
+            self._wait_s = 0.75 * self._wait_s + 0.25 * (time.monotonic() - started)
         return [results[i] for i in range(len(txns))]
+
+    def _pause(self, polls: int) -> float:
+        """How long a waiting writer sleeps before its poll number ``polls`` (1 = the first).
+
+        The first look comes after half of how long this process's queued
+        transactions waited lately (``_wait_s``, a moving average), the next
+        ones ``poll_s`` apart, doubling every other poll up to 8 ``poll_s``;
+        so a writer reads the txns shard a few times per commit whatever the
+        number of writers, and a late look never inflates the average by
+        more than one pause.
+        """
+        if polls == 1:
+            return max(self.poll_s, 0.5 * self._wait_s)
+        return self.poll_s * float(min(8, 2 ** ((polls - 2) // 2)))
 
     def _serve(self) -> None:
         """Keep sequencing in a background thread while the queue has work; then release the lease.
@@ -473,27 +526,40 @@ class GroupCommitter:
         Called by a writer that just took the lease and ran a round (under
         the lock): the writer returns as soon as its own transactions are in,
         while this thread serves everyone else's (and this process's later
-        ones) without a lease hand-over per round. It stops, releasing the
-        lease, once a round finds the queue empty (or the lease is lost).
+        ones) without a lease hand-over per round. Once a round finds the
+        queue empty it keeps the lease for ``linger_s`` more, listing the
+        queue at a growing interval (``poll_s`` doubling up to ``idle_poll_s``),
+        so that under steady contention one process stays the sequencer
+        (no lease hand-over, no re-reading of queued objects, no writers
+        racing for a free lease); it releases the lease once the queue has
+        stayed empty that long (or the lease is lost).
         """
         if self._serving is not None or self._closed:
             return
 
         def loop() -> None:
+            idle_since: float | None = None
+            pause = self.poll_s
             try:
                 while not self._closed:
                     with self._lock:
                         if not self.lease.hold():
                             return
                         try:
-                            listed = self._round()
+                            committed = self._round()
                         except ExternalError as e:
                             log.debug("sequencer round deferred: %s", e)
-                            listed = 1
-                        if listed == 0 and not self._bodies:
-                            self.lease.release()
-                            return
-                    time.sleep(self.poll_s)
+                            committed = -1
+                        if committed == 0 and not self._bodies:
+                            now = time.monotonic()
+                            idle_since = idle_since or now
+                            if now - idle_since >= self.linger_s:
+                                self.lease.release()
+                                return
+                            pause = min(self.idle_poll_s, pause * 2)
+                        else:
+                            idle_since, pause = None, self.poll_s
+                    time.sleep(pause)
             finally:
                 self._serving = None
 
@@ -550,6 +616,9 @@ class GroupCommitter:
         for k, data in zip(new, self._deleter.map(get, new) if len(new) > 1 else map(get, new), strict=True):
             if data is not None:  # (None: deleted meanwhile, committed by another sequencer)
                 self._bodies[k] = Queued.decode(f"queued transaction {k}", data)
+        self.rounds += 1
+        if not self._bodies:
+            return 0  # (an empty queue: nothing to check, no read of the txns shard)
         h.cache.sync()
         self._synced_at = time.monotonic()
         upper = h.cache.frontier
@@ -559,7 +628,6 @@ class GroupCommitter:
                 self._delete(k)
             else:
                 todo.append((k, q))
-        self.rounds += 1
         if not todo:
             return 0
         todo = todo[:MAX_GROUP]
@@ -572,19 +640,43 @@ class GroupCommitter:
                 self._fail(k, q, f"data shard(s) {', '.join(gone)} are not registered at {ts} (forgotten); "
                                  f"transaction {q.txn_id} was not committed")
                 continue
-            t.uncertain = False  # checked just above at this upper, which the commit expects
+            t.uncertain = False  # checked just above, and again on every try of the write (none_committed)
             if members:
                 t.drop_tidy()  # (only the base of a join may tidy; writers drop theirs anyway)
             members.append((k, t))
         if not members:
             return 0
-        base = members[0][1]
-        base.join([t for _, t in members[1:]])
-        try:
-            base.commit_at(h, ts, expect_upper=upper)
-        except (TimestampUnavailable, ExternalError, NotRegistered) as e:
-            log.debug("group commit round at %d deferred: %s", ts, e)  # the next round checks again
-            return 0
+
+        def none_committed(at: int) -> None:
+            # On every try of the write, at the very upper it appends at: no member committed
+            # below it (by a lapsed sequencer still running), so none commits twice.
+            done = [k for k, _ in members if self._committed(self._bodies[k]) is not None]
+            if done:
+                raise _MembersCommitted(done)
+
+        for attempt in range(ROUND_RETRIES + 1):
+            base = members[0][1]
+            base.join([t for _, t in members[1:]])
+            try:
+                base.commit_at(h, ts, check=none_committed)
+                break
+            except _MembersCommitted as e:
+                for k in e.keys:
+                    self._delete(k)
+                members = [(k, t) for k, t in members if k not in e.keys]
+            except TimestampUnavailable as e:
+                # Another commit took a time past ours (a direct writer's): write again above it,
+                # without a new round (no listing, no re-reads of queued objects).
+                log.debug("group commit round at %d lost to %d (attempt %d)", ts, e.upper, attempt)
+            except (ExternalError, NotRegistered) as e:
+                log.debug("group commit round at %d deferred: %s", ts, e)  # the next round checks again
+                return 0
+            finally:
+                base.join([])
+            if not members or attempt == ROUND_RETRIES:
+                return 0
+            ts = max(h.cache.frontier, self.ts_fn(h.cache.frontier))
+        self._synced_at = time.monotonic()  # (the view is at this write's upper: local waiters need no read)
         for k, _ in members:
             self._delete(k)
         self.grouped += len(members)
@@ -605,4 +697,11 @@ class GroupCommitter:
             log.debug("deleting queued %s deferred: %s", key, e)
 
 
-__all__ = ["GroupCommitFailed", "GroupCommitter", "Queued", "SequencerLease", "lease_key", "queue_prefix"]
+__all__ = [
+    "GroupCommitFailed",
+    "GroupCommitter",
+    "Queued",
+    "SequencerLease",
+    "lease_key",
+    "queue_prefix",
+]

@@ -88,6 +88,8 @@ APPLY_PARALLELISM = 64
 """Data shards applied (and then maintained) at once by ``apply_le``: each is one small
 conditional write, so they overlap their round trips (a commit that touched K tables
 becomes readable in about K / 64 round trips, not K)."""
+APPLY_RUN_MAX = 256
+"""``apply_le`` appends at most this many commits of one data shard in one conditional write."""
 _APPLY_POOL = "txns-apply"
 
 
@@ -437,6 +439,8 @@ class TxnsHandle:
                     return earlier
                 if self.cache.frontier != upper:
                     continue  # the look-up caught up with newer commits: look again there
+            if request.check is not None:
+                request.check(upper)  # (raises to give up: nothing committed)
             if expect_upper is not None and upper < expect_upper and not fresh:
                 moved_on_fresh_view()  # (this handle's view is behind the caller's: judge on a fresh one)
                 continue
@@ -654,9 +658,10 @@ class TxnsHandle:
                 per_shard.setdefault(d, []).append((at, list(group)))
 
         def apply_shard(d: str) -> None:
-            # one shard's commits strictly in time order; shards are independent
-            for at, group in per_shard[d]:
-                self._apply_one(d, at, group)
+            # one shard's commits in time order, a run of them per conditional write; shards are independent
+            commits = per_shard[d]
+            for i in range(0, len(commits), APPLY_RUN_MAX):
+                self._apply_run(d, commits[i : i + APPLY_RUN_MAX])
 
         def maintain_shard(d: str) -> None:
             # Lazily: an apply adds one small batch, and the size-tiered policy merged after
@@ -677,16 +682,30 @@ class TxnsHandle:
                 tidy.entries.update(applied)
         return tidy
 
-    def _apply_one(self, data_id: str, ts: int, group: list[Entry]) -> None:
+    def _apply_run(self, data_id: str, commits: list[tuple[int, list[Entry]]]) -> None:
+        """Apply ``commits`` (time-ordered ``(ts, entries)`` of one data shard) in one compare-and-append.
+
+        Appends the batches of every commit at or past the data upper over
+        ``[upper, last ts + 1)``: each batch keeps its own time inside it. No
+        other write to the shard lies in that range (every commit at or past
+        the data upper is unapplied, so present in the cache, so in
+        ``commits``): the upper passes each commit time by applying it. A
+        lost race re-reads the upper and appends what is left (another
+        applier may have applied a prefix of the run; an empty fill only
+        moves the upper up to a commit, never past one).
+        """
         w = self.data_writer(data_id)
         upper = w.upper
-        while upper <= ts:
-            batches = [e.decode_batch() for e in group]
+        while True:
+            todo = [(at, group) for at, group in commits if at >= upper]
+            if not todo:
+                return
+            batches = [e.decode_batch() for _, group in todo for e in group]
             try:
-                w.compare_and_append_batch(batches, upper, ts + 1)
+                w.compare_and_append_batch(batches, upper, todo[-1][0] + 1)
                 return
             except UpperMismatch as e:
-                upper = e.current  # applied by someone else (> ts), or an empty fill (<= ts)
+                upper = e.current  # applied (in part) by someone else, or an empty fill below a commit
 
     def _fill(self, data_id: str, as_of: int) -> None:
         """Advance the data shard's physical upper past ``as_of`` with an empty append."""

@@ -10,6 +10,10 @@ layers above use are fields of the request:
 - **what the caller validated** (``expect_upper``): commit only if the txns
   upper is exactly this, so whatever the caller checked as of
   ``expect_upper - 1`` (a read set, ``txns.db.validation``) still holds at ``ts``;
+  or (``check``) a check the caller runs against the txns log on every try,
+  at the very upper that try appends at: a caller whose condition is cheap
+  to re-check (the group-commit sequencer: "no member committed yet") keeps
+  committing while other commits land, instead of failing at the first;
 - **many transactions in one write** (``members``): one commit record per
   member of a group commit (``Txn.join``), all at ``ts``;
 - **exactly once** (``txn_id``, ``uncertain``, ``token``): a request that may
@@ -55,6 +59,9 @@ class CommitRequest:
     expect_upper: int | None = None
     #: the caller's prerequisites, called right before the conditional write (see ``Txn.before_write``)
     ready: tuple[Callable[[], None], ...] = ()
+    #: called on every try with the txns upper it appends at (the handle's cache is at that upper);
+    #: raises to give up with nothing committed (see the module doc)
+    check: Callable[[int], None] | None = None
 
 
 __all__ = ["CommitMember", "CommitRequest"]

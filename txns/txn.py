@@ -303,7 +303,13 @@ class Txn:
 
     # ---- committing ----------------------------------------------------------------
 
-    def commit_at(self, handle: TxnsHandle, commit_ts: int, expect_upper: int | None = None) -> TxnApply:
+    def commit_at(
+        self,
+        handle: TxnsHandle,
+        commit_ts: int,
+        expect_upper: int | None = None,
+        check: Callable[[int], None] | None = None,
+    ) -> TxnApply:
         """Commit atomically at ``commit_ts``; return a :class:`TxnApply` to apply it.
 
         Raises TimestampUnavailable (with ``.upper``) if the txns shard is
@@ -316,7 +322,10 @@ class Txn:
 
         ``expect_upper``: commit only if the txns upper is exactly this, else
         TimestampUnavailable (for a caller that validated something as of
-        ``expect_upper - 1``: nothing can commit in between).
+        ``expect_upper - 1``: nothing can commit in between). ``check``:
+        called on every try with the txns upper that try appends at (the
+        handle's cache is at it; nothing can commit between the call and the
+        write); it raises to give up, with nothing committed.
         """
         check_ts(commit_ts, "commit_ts")
         if expect_upper is not None:
@@ -355,6 +364,7 @@ class Txn:
             register=tuple(sorted(self._register)),
             ready=tuple(self._ready),
             expect_upper=expect_upper,
+            check=check,
         )
         with operation("commit") as op:
             if self._uncertain:

@@ -45,7 +45,7 @@ from persist.location import CaSResult, Consensus, VersionedData
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-_CATCH_UP_VERSIONS = 4
+_CATCH_UP_VERSIONS = 16
 """A handle at most this many versions behind catches up by reading just those (a lost race: usually 1)."""
 _REREADS = 5
 """How often a read starts again when versions of its chain vanish under it (truncation of old versions)."""

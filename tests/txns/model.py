@@ -186,6 +186,10 @@ class Recorder:
                 rec.calls.append(("consensus.head", key))
                 return super().head(key, hint)
 
+            def scan(self, key: str, from_seqno: int, limit: int):  # type: ignore[no-untyped-def]
+                rec.calls.append(("consensus.scan", key))
+                return super().scan(key, from_seqno, limit)
+
             def compare_and_set(self, key: str, expected: int | None, data: bytes):  # type: ignore[no-untyped-def]
                 rec.calls.append(("consensus.cas", key))
                 return super().compare_and_set(key, expected, data)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from persist import PersistClient
+from persist import InvalidUsage, PersistClient
 from persist.unreliable import Fault, Faults, Op
 from tests.helpers import file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
@@ -283,3 +283,110 @@ def test_processes_share_conditional_writes_and_commit_each_transaction_once(tmp
     contents = _contents(client, txns_id, ds)[ds[0]]
     assert contents == {((w * 1000 + i,), (f"p{w}",)): 1 for w in range(workers) for i in range(n)}
     assert _queue_keys(client, txns_id) == []
+
+
+def test_the_sequencer_lingers_on_an_empty_queue_then_releases_the_lease(store: Store) -> None:
+    """Under steady contention one process stays the sequencer; once the queue stays empty it lets go."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, direct=False, lease_ms=4000, linger_s=0.6, idle_poll_s=0.02)
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    gc.commit(txn)
+    assert gc._serving is not None and gc.lease.held  # serving in the background after its round
+    rounds = gc.rounds
+    time.sleep(0.3)
+    assert gc.lease.held, "it keeps the lease while lingering"
+    assert gc.rounds > rounds, "and keeps looking at the queue meanwhile"
+    other = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False)
+    assert other.lease.busy(), "another process sees it held"
+    deadline = time.monotonic() + 10
+    while gc._serving is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gc._serving is None and not gc.lease.held and not other.lease.busy(), "released once idle"
+    other.close()
+    gc.close()
+
+
+def test_bad_pacing_settings_are_refused(store: Store) -> None:
+    h = TxnsHandle.open(store.client(), _setup(store.client(), 1)[0])
+    for kwargs in ({"linger_s": -1.0}, {"idle_poll_s": -0.5}, {"poll_s": float("nan")}):
+        with pytest.raises(InvalidUsage, match="must be a number of seconds"):
+            GroupCommitter(h, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_round_that_loses_to_a_direct_commit_writes_again_and_commits_each_once(store: Store) -> None:
+    """Direct commits land between the sequencer's read and its write: it writes again, no member twice."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    direct = TxnsHandle.open(store.client(), txns_id)
+    gc = GroupCommitter(h, direct=False)
+    queued = []
+    for n in range(3):
+        txn = h.begin()
+        txn.write(ds[0], (n,), ("q",), 1)
+        queued.append(txn)
+        gc._enqueue(Queued(txn.id, h.upper, False, frozenset(b.id for bs in txn.batches().values() for b in bs),
+                           txn.to_bytes()))
+    assert gc.lease.hold()
+    real_commit_at = type(queued[0]).commit_at
+    lost = []
+
+    def commit_at(self, handle, ts, expect_upper=None, check=None):  # type: ignore[no-untyped-def]
+        if len(lost) < 2:  # a direct writer lands first, twice: at the round's time, then past it
+            t = direct.begin()
+            t.write(ds[0], (100 + len(lost),), ("d",), 1)
+            lost.append(real_commit_at(t, direct, ts + len(lost)).commit_ts)
+        return real_commit_at(self, handle, ts, expect_upper, check)
+
+    import txns.txn as txn_module
+    orig = txn_module.Txn.commit_at
+    txn_module.Txn.commit_at = commit_at  # type: ignore[method-assign]
+    try:
+        assert gc.run_round() == 3
+    finally:
+        txn_module.Txn.commit_at = orig  # type: ignore[method-assign]
+    assert len(lost) == 2
+    gc.close()
+    assert _queue_keys(client, txns_id) == []
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {
+        **{((n,), ("q",)): 1 for n in range(3)}, ((100,), ("d",)): 1, ((101,), ("d",)): 1
+    }
+
+
+def test_commit_at_runs_the_check_at_the_upper_it_appends_at(store: Store) -> None:
+    """``Txn.commit_at(check=...)``: called per try with that try's upper; raising commits nothing."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    other = TxnsHandle.open(store.client(), txns_id)
+    seen: list[int] = []
+
+    def check(upper: int) -> None:
+        seen.append(upper)
+        if len(seen) == 1:  # another commit lands after the first check: the write must not use it
+            t = other.begin()
+            t.write(ds[0], (9,), ("o",), 1)
+            t.commit_at(other, upper)
+
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    applied = txn.commit_at(h, h.upper + 10, check=check)
+    assert len(seen) >= 2 and seen[-1] > seen[0], "checked again at the upper the write landed on"
+    assert applied.commit_ts == seen[0] + 10
+
+    class No(Exception):
+        pass
+
+    def refuse(upper: int) -> None:
+        raise No
+
+    txn2 = h.begin()
+    txn2.write(ds[0], (2,), ("b",), 1)
+    with pytest.raises(No):
+        txn2.commit_at(h, h.upper + 1, check=refuse)
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("a",)): 1, ((9,), ("o",)): 1}
+    txn2.commit_at(h, h.upper + 1)  # (still committable)
+    assert _contents(store.client(), txns_id, ds)[ds[0]][((2,), ("b",))] == 1
