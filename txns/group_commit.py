@@ -23,17 +23,23 @@ through a **queue** when there is contention:
    absent, released or lapsed (``lease_ms`` after its last renewal, which the
    holder makes every half lease while it works). The writer that takes the
    lease runs a round, then a background thread of its process keeps running
-   rounds while the queue has work and releases the lease when a round finds
-   it empty; waiting writers read the lease every other poll and take it when
-   it is free or lapsed (a killed sequencer is replaced within ``lease_ms``).
-   A round of the sequencer lists the queue, reads the new objects, reads the
-   txns shard (upper ``U``), drops what already committed, and commits
-   everything else in **one** conditional write at ``ts_fn(U)`` expecting the
-   upper ``U``; then deletes the objects it committed.
+   rounds while the queue has work; once the queue is empty it lingers
+   (``linger_s``, listing at a growing interval up to ``idle_poll_s``) and
+   then releases the lease, so under steady contention the sequencer stays
+   put. Waiting writers read the lease every other poll and take it when it
+   is free or lapsed (a killed sequencer is replaced within ``lease_ms``).
+   A round of the sequencer lists the queue, reads the new objects, reads
+   the txns shard (upper ``U``), drops what already committed, and commits
+   everything else in **one** conditional write at ``ts_fn(U)``, checking on
+   every try of that write, at the upper it appends at, that no member
+   committed meanwhile (``Txn.commit_at(check=...)``); a write whose time
+   another commit took is made again above it (``ROUND_RETRIES``); then it
+   deletes the objects it committed.
 4. **Learn.** A writer waits for its batches to appear in the txns log
    (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
    it learns its commit time from the log itself, from whichever sequencer
-   committed it.
+   committed it; it looks first after half its recent waits, then at a
+   growing interval (:meth:`GroupCommitter._pause`).
 
 Invariants (nothing submitted is lost or committed twice):
 
@@ -43,10 +49,10 @@ Invariants (nothing submitted is lost or committed twice):
   (``{txns_id}/queue/failed/{txn_id}``: its shard was forgotten). Until then
   every round of every sequencer tries it; a sequencer that dies leaves the
   objects for the next.
-- *Not twice.* A sequencer commits a queued transaction only with
-  ``expect_upper=U`` after checking, on the txns shard at upper ``U``, that it
-  did not commit below ``U``: no commit can land between the check and the
-  write. The check is exact: for a transaction with ``seen_upper >=
+- *Not twice.* A sequencer's write of a queued transaction checks, on
+  every try and at the very upper that try appends at (the append expects
+  it, so nothing lands in between), that the transaction did not commit
+  below it. The check is exact: for a transaction with ``seen_upper >=
   tracked_from``, the cache has recorded every batch committed since its
   ``seen_upper`` (``TxnsCache.committed_at``); otherwise (old objects after a
   takeover, uncertain transactions) it is the durable look-up of
@@ -59,7 +65,7 @@ Invariants (nothing submitted is lost or committed twice):
 Costs, per transaction through the queue: one PUT (its object), its share of
 a round (one LIST, one GET of its object, the txns state read and one
 conditional write shared by the group) and one DELETE; a waiting writer reads
-the txns state about once per ``poll_s``.
+the txns state a few times (once per process however many threads wait).
 """
 
 from __future__ import annotations

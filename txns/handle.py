@@ -6,10 +6,11 @@ Protocol (docs/txns-protocol.md has the full story):
   ``[upper, ts + 1)`` adding one entry per batch (and retracting tidied
   entries). Its success makes the transaction durable and advances the
   logical upper of every registered data shard to ``ts + 1``.
-- apply up to ``ts``: for each present entry in (time, shard) order,
-  compare-and-append its batches to the data shard over
-  ``[data upper, commit ts + 1)``. A data upper already past the commit time
-  means someone applied it: skip. Appends of batches are metadata only.
+- apply up to ``ts``: for each data shard, one compare-and-append of the
+  batches of every present entry at or past its data upper, in time order,
+  over ``[data upper, last commit ts + 1)`` (a run; each batch keeps its own
+  time). A data upper already past a commit time means someone applied it:
+  that commit is left out. Appends of batches are metadata only.
 - read ``d`` at ``as_of``: find the latest write to ``d`` at or before
   ``as_of``; apply it if nobody has; fill the empty time up to ``as_of + 1``
   with an empty append; read the data shard.
