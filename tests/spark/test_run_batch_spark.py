@@ -125,3 +125,16 @@ def test_runs_happen_in_executors_and_errors_propagate_from_the_repair(spark: Sp
         with pytest.raises(RuntimeError, match="boom"):
             run_batch(db, [Increment("a", 1), boom], executor="spark", spark=spark)
         assert contents(db) == {"a": 1}
+
+
+def test_the_spark_entry_point_retries_until_a_deadline_not_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``txns.spark.run_batch`` stops as ``db.run_batch`` does: at the deadline, unless given a count."""
+    import txns.spark.batch as spark_batch
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(spark_batch, "_db_run_batch", lambda db, fns, **kw: seen.append(kw))
+    spark_batch.run_batch(None, [])  # type: ignore[arg-type]
+    spark_batch.run_batch(None, [], deadline_s=5.0)  # type: ignore[arg-type]
+    spark_batch.run_batch(None, [], max_attempts=3)  # type: ignore[arg-type]
+    assert [(kw["max_attempts"], kw["deadline_s"]) for kw in seen] == [(None, None), (None, 5.0), (3, None)]
+    assert all(kw["executor"] == "spark" for kw in seen)

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from persist import InvalidUsage
-from txns.db.batch import BATCH_MAX_ATTEMPTS, BatchResult, SnapshotWorker
+from txns.db.batch import BatchResult, SnapshotWorker
 from txns.db.batch import run_batch as _db_run_batch
 from txns.db.errors import DatabaseNotFound
 from txns.spark._common import check_url, raise_from_spark
@@ -165,12 +165,15 @@ def run_batch(
     workers: int | None = None,
     isolation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
-    max_attempts: int = BATCH_MAX_ATTEMPTS,
+    max_attempts: int | None = None,
+    deadline_s: float | None = None,
 ) -> BatchResult:
     """:func:`txns.db.batch.run_batch` with ``executor="spark"``: the parallel phase as a job on ``spark``.
 
     ``spark``: default the active session; ``workers``: the number of RDD
-    partitions. The rest as in :func:`txns.db.batch.run_batch`.
+    partitions. The rest as in :func:`txns.db.batch.run_batch`: conflicts
+    are retried until ``deadline_s`` (default 60 s), or ``max_attempts``
+    times if given.
     """
     return _db_run_batch(
         db,
@@ -181,6 +184,7 @@ def run_batch(
         isolation=isolation,
         metadata=metadata,
         max_attempts=max_attempts,
+        deadline_s=deadline_s,
     )
 
 
