@@ -1,7 +1,8 @@
 """Many processes, one database: total commits/s, latency, lost races, requests and CPU per commit.
 
 Two workloads, N spawned worker processes each (the window starts when all
-are connected and ready, and every process runs inside the same window):
+are connected and warmed up by one commit or read, and every process runs
+inside the same window):
 
 - ``events`` (no collapse): each process loops
   ``with db.transaction() as t: t.insert("events", [{"id": ...}])``.
@@ -25,7 +26,11 @@ background threads included; moto's server process is not included).
 Run: ``.venv/bin/python benchmarks/bench_contention.py`` (all stores, 1, 2,
 4, 8, 16 processes, 8 s windows: about 15 minutes);
 ``--stores file --procs 1,4,8 --seconds 5`` for a quick look;
-``--workload transfer --procs 3,8,16`` for the starvation numbers.
+``--workload transfer --procs 3,8,16`` for the starvation numbers;
+``--breakdown`` adds storage calls per commit by operation and key (with
+``BENCH_BY_THREAD=1`` also by thread, ``BENCH_BY_STACK=consensus.scan`` by
+the txns call chain) and each process's queue counters; ``BENCH_LOG=/tmp/x``
+logs the queue's and the applier's decisions to ``/tmp/x-N.log``.
 """
 
 from __future__ import annotations
@@ -82,18 +87,21 @@ class _KeyCounts:
 KEY_COUNTS = _KeyCounts()
 
 
-class _KeyCountedBlob(CountingBlob):
+class _KeyCounting:
+    """Mixed into the counting wrappers: every call also goes into ``KEY_COUNTS``."""
+
     def _run(self, op: Op, what: str, call: Any, written: int = 0, read: Any = None) -> Any:
-        r = super()._run(op, what, call, written, read)
+        r = super()._run(op, what, call, written, read)  # type: ignore[misc]
         KEY_COUNTS.add(op, what, r)
         return r
 
 
-class _KeyCountedConsensus(CountingConsensus):
-    def _run(self, op: Op, what: str, call: Any, written: int = 0, read: Any = None) -> Any:
-        r = super()._run(op, what, call, written, read)
-        KEY_COUNTS.add(op, what, r)
-        return r
+class _KeyCountedBlob(_KeyCounting, CountingBlob):
+    pass
+
+
+class _KeyCountedConsensus(_KeyCounting, CountingConsensus):
+    pass
 
 
 def _open_counted(u: LocationURL) -> Location:
@@ -223,7 +231,7 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
     lat = sorted(x for r in rs for x in r["lat"])
     if BREAKDOWN:
         print("      per process:", [r["queue"] for r in rs])
-        keys = sum((r["keys"] for r in rs), collections.Counter())
+        keys: collections.Counter[str] = sum((r["keys"] for r in rs), collections.Counter())
         per = max(1, len(lat))
         for k, c in sorted(keys.items(), key=lambda kv: -kv[1])[:25]:
             print(f"      {c / per:7.2f} / commit  {k}")

@@ -37,7 +37,7 @@ import contextlib
 import enum
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -267,14 +267,7 @@ class TxnsCache:
         ):
             self._absorb(state)
             return
-        sums: dict[tuple[Any, ...], int] = {}  # (ts, data_id, batch, commit_ts) -> summed diff
-        for (key, val), at, diff in updates:
-            k = (at, key[0], key[1], val[0])
-            sums[k] = sums.get(k, 0) + diff
-        # (in the order _read_batches processes them: by time, then by key and val)
-        for (at, data_id, batch, commit_ts), diff in sorted(sums.items()):
-            if diff:
-                self._process(Entry(commit_ts, data_id, batch), at, diff)
+        self._process_updates(updates)
         self.frontier = upper
         self._trim(state.since)
 
@@ -284,18 +277,12 @@ class TxnsCache:
                 continue
             tables = list(self.shard.read_batch(batch, TXNS_SCHEMA.arrow))
             if 0 < sum(t.num_rows for t in tables) <= SMALL_BATCH_ROWS:
-                # A commit's batch (a few entries): consolidated in Python, in the order below
-                # (by time, then key and val), without Arrow's per-call cost, which every
-                # process following the shard pays for every commit.
-                sums: dict[tuple[Any, ...], int] = {}
-                for t in tables:
-                    for (key, val), at, diff in to_updates(TXNS_SCHEMA, t):
-                        if at >= self.frontier:
-                            k = (at, key, val)
-                            sums[k] = sums.get(k, 0) + diff
-                for (at, key, val), diff in sorted(sums.items()):
-                    if diff:
-                        self._process(Entry.from_kv(key, val), at, diff)
+                # A commit's batch (a few entries): consolidated in Python, without Arrow's
+                # per-call cost, which every process following the shard pays for every commit.
+                frontier = self.frontier
+                self._process_updates(
+                    u for t in tables for u in to_updates(TXNS_SCHEMA, t) if u[1] >= frontier
+                )
             elif tables:
                 t = pa.concat_tables(tables)
                 t = t.filter(pc.greater_equal(t.column("ts"), pa.scalar(self.frontier, pa.uint64())))
@@ -305,6 +292,17 @@ class TxnsCache:
                     for (key, val), at, diff in to_updates(TXNS_SCHEMA, t):
                         self._process(Entry.from_kv(key, val), at, diff)
             self.frontier = batch.upper
+
+    def _process_updates(self, updates: Iterable[Any]) -> None:
+        """Process ``((key, val), ts, diff)`` txns updates consolidated: diffs of equal ones summed, zeros
+        dropped, in the order the Arrow path of :meth:`_read_batches` processes them (by time, then key and val)."""
+        sums: dict[tuple[Any, ...], int] = {}
+        for (key, val), at, diff in updates:
+            k = (at, key, val)
+            sums[k] = sums.get(k, 0) + diff
+        for (at, key, val), diff in sorted(sums.items()):
+            if diff:
+                self._process(Entry.from_kv(key, val), at, diff)
 
     def _trim(self, shard_since: int) -> None:
         """Forget write times below the txns shard's since; move our hold up."""

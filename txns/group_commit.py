@@ -355,7 +355,10 @@ class GroupCommitter:
         """
         if not isinstance(txn, Txn):
             raise InvalidUsage(f"commit takes a txns.Txn, got {type(txn).__name__}")
-        if self.direct and not self.queueing():
+        # (Direct unless a direct write of this process lost a race, or was slow, lately; not merely
+        # while another process sequences: a queued commit takes several round trips, so with a
+        # few writers on a store where a request costs tens of ms, direct writes are faster.)
+        if self.direct and time.monotonic() >= self._contended_until:
             mine = _Waiting(txn)
             with self._pending_lock:
                 self._pending.append(mine)
@@ -370,17 +373,6 @@ class GroupCommitter:
             if mine.outcome is not None:
                 return mine.outcome
         return self._through_queue([txn])[0]
-
-    def queueing(self) -> bool:
-        """Whether write-only commits go through the queue now, not try a direct write first.
-
-        While contended: a direct write of this process lost a race, or was
-        slow, within ``contended_s``. (Not merely while another process
-        sequences: on a store where a request costs tens of milliseconds, a
-        queued commit takes several round trips, so with a few writers
-        direct writes that now and then lose a race are faster.)
-        """
-        return time.monotonic() < self._contended_until
 
     def _commit_direct(self, leader: _Waiting) -> None:
         """Under the lock: commit ``leader``'s transaction directly, with every joinable one waiting meanwhile.
@@ -703,11 +695,4 @@ class GroupCommitter:
             log.debug("deleting queued %s deferred: %s", key, e)
 
 
-__all__ = [
-    "GroupCommitFailed",
-    "GroupCommitter",
-    "Queued",
-    "SequencerLease",
-    "lease_key",
-    "queue_prefix",
-]
+__all__ = ["GroupCommitFailed", "GroupCommitter", "Queued", "SequencerLease", "lease_key", "queue_prefix"]

@@ -53,8 +53,6 @@ QUEUE_AFTER_LOST_S = 1.0
 """After a write-only group loses a race to another process, write-only groups queue for this long."""
 UNCERTAIN_RETRIES = 3
 """A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
-SEQUENCER_LEASE_MS = 2000
-"""The cross-process queue's sequencer lease (see :mod:`txns.group_commit`)."""
 SHARED_COMMITS_KEPT = 256
 """How many recent times at which a group of 2+ transactions committed the committer remembers."""
 
@@ -252,7 +250,7 @@ class Committer:
         expected an upper that has passed).
         """
         cache = self.handle.cache
-        if all(not q.req.reads for q in members if not q.done) and self._queueing():
+        if all(not q.req.reads for q in members if not q.done) and time.monotonic() < self._queue_until:
             # Contended (a write-only group of this process lost a race lately): straight to the
             # cross-process queue, where one sequencer commits everyone's, instead of losing again.
             self._commit_queued([q for q in members if not q.done])
@@ -303,13 +301,6 @@ class Committer:
         assert group is not None and base is not None
         self._mark_committed(group, [applied.commit_ts] * len(group))
 
-    def _queueing(self) -> bool:
-        """Whether write-only groups go to the cross-process queue now (see :meth:`GroupCommitter.queueing`)."""
-        if time.monotonic() < self._queue_until:
-            return True
-        q = self._queue_committer
-        return q is not None and q.queueing()
-
     def _mark_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
         """Each member committed at its ``commit_ts``: set its outcome, tell the oracles, apply in the background."""
         self._oracles.observe(max(commit_ts))
@@ -340,7 +331,7 @@ class Committer:
             handle = TxnsHandle.open(self.client, self.handle.txns_id, hold=False)
             handle.maintain_on_commit = False  # (the background worker maintains the txns shard)
             self._queue_committer = GroupCommitter(
-                handle, ts_fn=lambda upper: max(upper, oracle.write_ts()), direct=False, lease_ms=SEQUENCER_LEASE_MS
+                handle, ts_fn=lambda upper: max(upper, oracle.write_ts()), direct=False
             )
         if group[0].txn.uncertain:
             # SUBTLE: an earlier attempt of this group (all its members, joined)
