@@ -15,7 +15,11 @@ inside the same window):
 Stores: ``moto`` (moto's S3 server in a child process, over HTTP),
 ``file`` (a local directory) and ``s3model`` (the file store behind
 :mod:`persist.s3model`: 60 ms per request, 15 conditional writes/s per
-key, no CPU). Every store is opened through a counting wrapper
+key, no CPU). Latencies are of every commit started in the window, also
+one that ends after it (a commit that waited through the window is the
+starvation to see); the rate counts commits that ended inside it, and
+"fewest" is the commits of the process that made the fewest (0: one
+starved). Every store is opened through a counting wrapper
 (``counted+s3://``, ``counted+file://``, registered here; the model counts
 itself), so per committed transaction the table gives: lost races
 (compare-and-sets answered MISMATCH), storage requests (calls of the
@@ -30,7 +34,8 @@ Run: ``.venv/bin/python benchmarks/bench_contention.py`` (all stores, 1, 2,
 ``--breakdown`` adds storage calls per commit by operation and key (with
 ``BENCH_BY_THREAD=1`` also by thread, ``BENCH_BY_STACK=consensus.scan`` by
 the txns call chain) and each process's queue counters; ``BENCH_LOG=/tmp/x``
-logs the queue's and the applier's decisions to ``/tmp/x-N.log``.
+logs the queue's and the applier's decisions, and every storage call with
+its duration, to ``/tmp/x-N.log``.
 """
 
 from __future__ import annotations
@@ -91,8 +96,13 @@ class _KeyCounting:
     """Mixed into the counting wrappers: every call also goes into ``KEY_COUNTS``."""
 
     def _run(self, op: Op, what: str, call: Any, written: int = 0, read: Any = None) -> Any:
+        started = time.perf_counter()
         r = super()._run(op, what, call, written, read)  # type: ignore[misc]
         KEY_COUNTS.add(op, what, r)
+        if CALL_LOG:
+            n = len(r) if isinstance(r, list) else ""
+            CALL_LOG.debug("%s %s %s %.0f ms", op.value, what.split(" ")[0][-24:], n,
+                           1000 * (time.perf_counter() - started))
         return r
 
 
@@ -135,8 +145,10 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
         import logging
         logging.basicConfig(filename=f"{os.environ['BENCH_LOG']}-{wid}.log", level=logging.WARNING,
                             format="%(relativeCreated)d %(threadName)s %(name)s %(message)s")
-        for name in ("txns.group_commit", "txns.db.applier", "txns.db.committer"):
+        for name in ("txns.group_commit", "txns.db.applier", "txns.db.committer", "bench.calls"):
             logging.getLogger(name).setLevel(logging.DEBUG)
+        global CALL_LOG
+        CALL_LOG = logging.getLogger("bench.calls")
     db = txns.connect(url)
     # warm the process's caches and handles outside the window (the first commit opens writers)
     if workload == "transfer":
@@ -154,7 +166,7 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
     lat: list[float] = []
     attempts: list[int] = []
     aborted = gave_up = errors = 0
-    n = 0
+    n = done = 0  # commits started in the window, and ended inside it
     while not stop.is_set():
         s = time.perf_counter()
         try:
@@ -183,8 +195,11 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
             errors += 1
             continue
         n += 1
+        # (every commit started inside the window counts for latency, also one that ends after it:
+        # a commit that waited through the window is the starvation to see)
+        lat.append(time.perf_counter() - s)
         if not stop.is_set():
-            lat.append(time.perf_counter() - s)
+            done += 1
     cpu = time.process_time() - cpu0
     calls1, lost1 = _counts(db)
     turns = db._run_turns.taken
@@ -200,8 +215,8 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
         key = key.replace(txns_id, "TXNS")
         named[f"{op} {key if key.startswith('TXNS') else 'shard ' + key[:10]} {outcome}".strip()] += c
     out.put({"queue": queue_stats, "keys": named, "lat": lat, "cpu": cpu, "calls": calls1 - calls0,
-             "lost": lost1 - lost0, "requests": _model_requests(db) - req0, "attempts": attempts, "aborted": aborted,
-             "gave_up": gave_up, "errors": errors, "turns": turns})
+             "lost": lost1 - lost0, "done": done, "requests": _model_requests(db) - req0, "attempts": attempts,
+             "aborted": aborted, "gave_up": gave_up, "errors": errors, "turns": turns})
     db.close()
 
 
@@ -236,10 +251,12 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
         for k, c in sorted(keys.items(), key=lambda kv: -kv[1])[:25]:
             print(f"      {c / per:7.2f} / commit  {k}")
     n = len(lat)
-    done = max(1, sum(len(r["lat"]) for r in rs))
+    in_window = sum(r["done"] for r in rs)
+    done = max(1, n)
     calls = sum(r["calls"] for r in rs) or sum(r["requests"] for r in rs)
     return {
-        "per_s": n / seconds,
+        "per_s": in_window / seconds,
+        "fewest": min(r["done"] for r in rs),
         "p50": 1000 * lat[n // 2] if n else float("nan"),
         "p99": 1000 * lat[min(n - 1, int(n * 0.99))] if n else float("nan"),
         "max": 1000 * lat[-1] if n else float("nan"),
@@ -255,6 +272,7 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
 
 
 BREAKDOWN = False
+CALL_LOG: Any = None  # (BENCH_LOG=...: every storage call, its duration, in the process's log)
 BY_STACK = os.environ.get("BENCH_BY_STACK", "")  # (operations whose txns call chain to show, e.g. consensus.scan)
 BY_THREAD = os.environ.get("BENCH_BY_THREAD") == "1"  # (--breakdown: also by the calling thread's name)
 
@@ -287,11 +305,11 @@ def main() -> None:
                 r = run_case(url, a.workload, n, a.seconds)
                 base = base or r["per_s"]
                 print(f"  {store} {n}: {r}", flush=True)
-                rows.append([store, n, f"{r['per_s']:.1f}", f"{r['per_s'] / base:.2f}", f"{r['p50']:.0f}",
+                rows.append([store, n, f"{r['per_s']:.1f}", f"{r['per_s'] / base:.2f}", r["fewest"], f"{r['p50']:.0f}",
                              f"{r['p99']:.0f}", f"{r['max']:.0f}", f"{r['lost']:.2f}", f"{r['calls']:.1f}",
                              f"{r['cpu_ms']:.1f}", r["attempts"], r["turns"], r["gave_up"], r["errors"]])
     print_table(
-        ["store", "procs", "commits/s", "x 1 proc", "p50 ms", "p99 ms", "max ms", "lost races/commit",
+        ["store", "procs", "commits/s", "x 1 proc", "fewest", "p50 ms", "p99 ms", "max ms", "lost races/commit",
          "requests/commit", "CPU ms/commit", "most attempts", "turns taken", "gave up", "errors"],
         rows,
         title=f"{a.workload}: {a.seconds:g} s windows, load {os.getloadavg()[0]:.1f}",

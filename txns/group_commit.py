@@ -7,10 +7,13 @@ A :class:`GroupCommitter` (one per process and txns shard; thread-safe) commits
 through a **queue** when there is contention:
 
 1. **Direct first.** ``commit(txn)`` first tries today's path: one
-   compare-and-append at the upper. Uncontended, that is all it costs. A lost
-   race, or a direct commit slower than ``slow_s`` (storage throttling the
-   key, as S3 does past a few conditional writes per second), switches this
-   committer to the queue for ``contended_s``.
+   compare-and-append at the upper. Uncontended, that is all it costs (and
+   a listing of the queue every ``probe_s``). A lost race, a direct commit
+   that won only after losing one, or one slower than ``slow_s`` (storage
+   throttling the key, as S3 does past a few conditional writes per
+   second), switches this committer to the queue for ``contended_s``; so
+   does finding other transactions waiting in the queue (fairness: a
+   direct writer that keeps winning would starve them).
 2. **Enqueue.** The transaction's batches are written (as for any commit) and
    the transaction goes, as bytes (``Txn.to_bytes``), into a uniquely named
    object ``{txns_id}/queue/pending/{txn_id}``: a plain PUT that contends with
@@ -26,15 +29,17 @@ through a **queue** when there is contention:
    rounds while the queue has work; once the queue is empty it lingers
    (``linger_s``, listing at a growing interval up to ``idle_poll_s``) and
    then releases the lease, so under steady contention the sequencer stays
-   put. Waiting writers read the lease every other poll and take it when it
-   is free or lapsed (a killed sequencer is replaced within ``lease_ms``).
-   A round of the sequencer lists the queue, reads the new objects, reads
-   the txns shard (upper ``U``), drops what already committed, and commits
-   everything else in **one** conditional write at ``ts_fn(U)``, checking on
+   put. Waiting writers read the lease every fourth poll and take it when
+   it is free or lapsed (a killed sequencer is replaced within ``lease_ms``).
+   A round of the sequencer lists the queue, reads the new objects, takes
+   its view of the txns shard (upper ``U``; a stale view fails the write,
+   which then reads the state and checks again), drops what already
+   committed, and commits everything else in **one** conditional write at ``ts_fn(U)``, checking on
    every try of that write, at the upper it appends at, that no member
    committed meanwhile (``Txn.commit_at(check=...)``); a write whose time
-   another commit took is made again above it (``ROUND_RETRIES``); then it
-   deletes the objects it committed.
+   another commit took is made again above it (``ROUND_RETRIES``), leading
+   ``ts_fn`` by how long its writes take (:meth:`GroupCommitter._round_ts`);
+   then it deletes the objects it committed.
 4. **Learn.** A writer waits for its batches to appear in the txns log
    (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
    it learns its commit time from the log itself, from whichever sequencer
@@ -63,13 +68,15 @@ Invariants (nothing submitted is lost or committed twice):
   round's check (its batches in the log), never committed again.
 
 Costs, per transaction through the queue: one PUT (its object), its share of
-a round (one LIST, one GET of its object, the txns state read and one
-conditional write shared by the group) and one DELETE; a waiting writer reads
-the txns state a few times (once per process however many threads wait).
+a round (one LIST, one GET of its object and one conditional write shared by
+the group) and one DELETE; a waiting writer reads the txns state about once
+(once per process however many threads wait). A committer on the direct
+path lists the queue every ``probe_s``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -81,7 +88,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from persist import ExternalError, InvalidUsage, frame, retry_storage, unframe
-from persist.location import CaSResult
+from persist.location import Blob, CaSResult
 from txns.errors import NotRegistered, TimestampUnavailable
 from txns.handle import TxnsHandle
 from txns.txn import Txn, TxnApply
@@ -97,11 +104,22 @@ MAX_GROUP = 1000
 ROUND_RETRIES = 3
 """A round whose conditional write lost to another commit checks the commits in between and writes again this
 many times before leaving its transactions to the next round."""
+QUEUE_IO_THREADS = 32
+"""A committer reads (as sequencer) and deletes queued objects this many at a time (each a request of tens of ms
+on S3: a round of 100 transactions read 4 at a time took over a second)."""
+MAX_LEAD_S = 0.5
+"""A round's write leads ``ts_fn`` by at most this long (see :meth:`GroupCommitter._round_ts`)."""
 
 
 def queue_prefix(txns_id: str) -> str:
     """Where the queue of the txns shard ``txns_id`` lives in blob storage."""
     return f"{txns_id}/queue/"
+
+
+def queue_has_work(blob: Blob, txns_id: str, mine: frozenset[str] = frozenset()) -> bool:
+    """Whether a transaction other than ``mine`` (ids) waits in the queue of txns shard ``txns_id`` (one listing)."""
+    prefix = f"{queue_prefix(txns_id)}pending/"
+    return any(k[len(prefix) :] not in mine for k in blob.list_keys(prefix))
 
 
 def lease_key(txns_id: str) -> str:
@@ -279,6 +297,7 @@ class GroupCommitter:
         handle: TxnsHandle,
         *,
         ts_fn: Callable[[int], int] | None = None,
+        lead_fn: Callable[[float], int] | None = None,
         direct: bool = True,
         lease_ms: int = 2000,
         poll_s: float = 0.005,
@@ -287,14 +306,20 @@ class GroupCommitter:
         timeout_s: float = 60.0,
         linger_s: float | None = None,
         idle_poll_s: float = 0.05,
+        probe_s: float = 0.5,
     ) -> None:
         if lease_ms < 100:
             raise InvalidUsage(f"lease_ms must be at least 100, got {lease_ms}")
-        for name, value in (("poll_s", poll_s), ("idle_poll_s", idle_poll_s), ("linger_s", linger_s or 0.0)):
+        for name, value in (("poll_s", poll_s), ("idle_poll_s", idle_poll_s), ("linger_s", linger_s or 0.0),
+                            ("probe_s", probe_s)):
             if not value >= 0:
                 raise InvalidUsage(f"{name} must be a number of seconds >= 0, got {value!r}")
         self.handle = handle
         self.ts_fn = ts_fn or (lambda upper: upper)
+        #: seconds -> timestamp units, for a round's lead (default: timestamps count milliseconds)
+        self.lead_fn = lead_fn or (lambda s: int(s * 1000) + 1)
+        self._write_s = 0.0  # how long a round's write took lately, from picking its time to landing (EWMA)
+        self._lead = False  # whether the next round's write leads (the last one lost its time)
         self.direct = direct
         self.poll_s = poll_s
         self.contended_s = contended_s
@@ -309,15 +334,19 @@ class GroupCommitter:
         self.prefix = queue_prefix(handle.txns_id)
         self._lock = threading.RLock()
         self._contended_until = 0.0
+        #: a committer on the direct path looks whether others' transactions wait in the queue this often
+        self.probe_s = probe_s
+        self._probed_at = float("-inf")
         self._synced_at = 0.0  # when a waiting writer last read the txns shard
         self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
         self._closed = False
         self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key
-        self._deleter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="txns-queue-delete")
+        self._deleter = ThreadPoolExecutor(max_workers=QUEUE_IO_THREADS, thread_name_prefix="txns-queue-io")
         self._deadline_s = handle.client.config.retry_deadline_s
         handle.cache.start_tracking()
         self._pending_lock = threading.Lock()
         self._pending: list[_Waiting] = []  # direct commits waiting for the lock (the next one joins them)
+        self._queued_ids: set[str] = set()  # this committer's transactions in the queue (under _pending_lock)
         #: diagnostics: commits made directly (and transactions joined to them), queued, rounds run and
         #: transactions they committed
         self.direct_commits = 0
@@ -355,10 +384,11 @@ class GroupCommitter:
         """
         if not isinstance(txn, Txn):
             raise InvalidUsage(f"commit takes a txns.Txn, got {type(txn).__name__}")
-        # (Direct unless a direct write of this process lost a race, or was slow, lately; not merely
-        # while another process sequences: a queued commit takes several round trips, so with a
-        # few writers on a store where a request costs tens of ms, direct writes are faster.)
-        if self.direct and time.monotonic() >= self._contended_until:
+        # (Direct unless a direct write of this process lost a race, or was slow, lately, or others'
+        # transactions wait in the queue; not merely while another process sequences: a queued
+        # commit takes several round trips, so with a few writers on a store where a request costs
+        # tens of ms, direct writes are faster.)
+        if self.direct and not self._contended():
             mine = _Waiting(txn)
             with self._pending_lock:
                 self._pending.append(mine)
@@ -373,6 +403,37 @@ class GroupCommitter:
             if mine.outcome is not None:
                 return mine.outcome
         return self._through_queue([txn])[0]
+
+    def _contended(self) -> bool:
+        """Whether commits go through the queue now, not directly (see the module doc, step 1).
+
+        For ``contended_s`` after a direct write lost a race, won only after
+        losing one, or was slow; and while other transactions wait in the
+        queue, which a committer on the direct path looks for (one listing)
+        at most every ``probe_s``: a process whose direct writes win keeps
+        winning (its last write made the state it holds, while everyone
+        else must read it first), so without the look it would starve the
+        queued transactions, whose rounds lose every race to it.
+        """
+        now = time.monotonic()
+        if now < self._contended_until:
+            return True
+        if now - self._probed_at < self.probe_s:
+            return False
+        self._probed_at = now
+        try:
+            waiting = queue_has_work(self.blob, self.handle.txns_id, self.waiting_ids())
+        except ExternalError as e:  # (direct then; the next look is soon)
+            log.debug("looking at the commit queue failed: %s", e)
+            return False
+        if waiting:
+            self._contended_until = now + self.contended_s
+        return waiting
+
+    def waiting_ids(self) -> frozenset[str]:
+        """The ids of this committer's transactions waiting in the queue now (its own, not others')."""
+        with self._pending_lock:
+            return frozenset(self._queued_ids)
 
     def _commit_direct(self, leader: _Waiting) -> None:
         """Under the lock: commit ``leader``'s transaction directly, with every joinable one waiting meanwhile.
@@ -393,6 +454,7 @@ class GroupCommitter:
         base = leader.txn
         h.cache.sync_cached()
         start = time.monotonic()
+        lost = h.lost_races
         try:
             base.join([w.txn for w in others])
             try:
@@ -413,7 +475,8 @@ class GroupCommitter:
             return
         self.direct_commits += 1
         self.joined += len(others)
-        if time.monotonic() - start > self.slow_s:  # throttled (or slow): group the next ones
+        if time.monotonic() - start > self.slow_s or h.lost_races > lost:
+            # throttled (or slow), or won only after losing to another process's write: group the next ones
             self._contended_until = time.monotonic() + self.contended_s
         leader.outcome = applied
         for w in others:
@@ -453,6 +516,22 @@ class GroupCommitter:
             q = Queued(txn.id, seen, txn.uncertain, batch_ids, txn.to_bytes())
             txn.uncertain = True  # from here on a sequencer may commit it: any later commit looks it up first
             waiting.append((i, txn, q, tuple(sorted(batches))))
+        with self._pending_lock:
+            self._queued_ids.update(q.txn_id for _, _, q, _ in waiting)
+        try:
+            return self._wait_queued(txns, waiting, results)
+        finally:
+            with self._pending_lock:
+                self._queued_ids.difference_update(q.txn_id for _, _, q, _ in waiting)
+
+    def _wait_queued(
+        self,
+        txns: list[Txn],
+        waiting: list[tuple[int, Txn, Queued, tuple[str, ...]]],
+        results: dict[int, TxnApply],
+    ) -> list[TxnApply]:
+        """Enqueue ``waiting`` and wait until each committed; ``results`` has the others' (see :meth:`commit`)."""
+        h = self.handle
         if len(waiting) > 1:
             list(self._deleter.map(self._enqueue, [q for _, _, q, _ in waiting]))
         elif waiting:
@@ -471,10 +550,11 @@ class GroupCommitter:
                         h.cache.sync()
                         self._synced_at = time.monotonic()
                     found = [(w, self._committed(w[2]) if polls > 0 else None) for w in waiting]
-                    # The lease: read afresh every other poll (a holder that released it is replaced
-                    # at once; a lapsed one by its expiry).
+                    # The lease: read afresh every fourth poll, the first included (a holder that
+                    # released it is replaced then; a lapsed one at its expiry, which needs no read;
+                    # a sequencer lingers, so under load it rarely lets go early).
                     if any(ts is None for _, ts in found) and self._serving is None and self.lease.hold(
-                        fresh=polls % 2 == 1
+                        fresh=polls % 4 == 1
                     ):
                         self._round()
                         found = [(w, self._committed(w[2])) for w in waiting]
@@ -617,19 +697,25 @@ class GroupCommitter:
         self.rounds += 1
         if not self._bodies:
             return 0  # (an empty queue: nothing to check, no read of the txns shard)
-        h.cache.sync()
-        self._synced_at = time.monotonic()
+        # No read of the txns shard first: the sequencer's own writes keep its view at the upper
+        # most of the time, and when another write landed meanwhile, the write below fails on it,
+        # reads the new state and checks every member again there (safety rests on that check).
+        h.cache.sync_cached()
         upper = h.cache.frontier
         todo: list[tuple[str, Queued]] = []
         for k, q in list(self._bodies.items()):
             if self._committed(q) is not None:
                 self._delete(k)
-            else:
-                todo.append((k, q))
+                continue
+            if q.uncertain or q.seen_upper < upper:
+                # Not committed below `upper` (exact): later checks of it need only the commits since,
+                # which the cache tracks (not the durable look-up on every try of every round).
+                q = self._bodies[k] = dataclasses.replace(q, seen_upper=upper, uncertain=False)
+            todo.append((k, q))
         if not todo:
             return 0
         todo = todo[:MAX_GROUP]
-        ts = max(upper, self.ts_fn(upper))
+        ts = max(upper, self.ts_fn(upper))  # (the write may go later: a shard forgotten by then fails it there)
         members: list[tuple[str, Txn]] = []
         for k, q in todo:
             t = Txn.from_bytes(q.txn, h)
@@ -655,8 +741,11 @@ class GroupCommitter:
         for attempt in range(ROUND_RETRIES + 1):
             base = members[0][1]
             base.join([t for _, t in members[1:]])
+            picked = time.monotonic()
+            ts = self._round_ts()
             try:
                 base.commit_at(h, ts, check=none_committed)
+                self._wrote(picked, lost=False)
                 break
             except _MembersCommitted as e:
                 for k in e.keys:
@@ -664,8 +753,11 @@ class GroupCommitter:
                 members = [(k, t) for k, t in members if k not in e.keys]
             except TimestampUnavailable as e:
                 # Another commit took a time past ours (a direct writer's): write again above it,
-                # without a new round (no listing, no re-reads of queued objects).
-                log.debug("group commit round at %d lost to %d (attempt %d)", ts, e.upper, attempt)
+                # leading by how long the write takes, without a new round (no listing, no
+                # re-reads of queued objects).
+                self._wrote(picked, lost=True)
+                log.debug("group commit round of %d at %d lost to %d (attempt %d, %.0f ms after picking its time)",
+                          len(members), ts, e.upper, attempt, 1000 * (time.monotonic() - picked))
             except (ExternalError, NotRegistered) as e:
                 log.debug("group commit round at %d deferred: %s", ts, e)  # the next round checks again
                 return 0
@@ -673,12 +765,37 @@ class GroupCommitter:
                 base.join([])
             if not members or attempt == ROUND_RETRIES:
                 return 0
-            ts = max(h.cache.frontier, self.ts_fn(h.cache.frontier))
         self._synced_at = time.monotonic()  # (the view is at this write's upper: local waiters need no read)
         for k, _ in members:
             self._delete(k)
         self.grouped += len(members)
         return len(members)
+
+    def _round_ts(self) -> int:
+        """The time a round writes at: ``ts_fn`` of the upper, led by how long its write takes once one lost.
+
+        A direct writer picks its time just before its write, and so does a
+        round, but a round's write does more between the two (every member's
+        batches are stamped, the check runs), so under steady direct writes a
+        round's time was always passed by a direct commit that landed first,
+        round after round: the queued transactions starved while one process
+        committed directly. After a lost write, a round's time leads by 1.5x
+        how long its recent writes took (at most ``MAX_LEAD_S``): about the
+        time it will land, so it is still free then, and the direct writers
+        it passes lose theirs and queue too. Timestamps only ever go up; the
+        lead costs no wait.
+        """
+        upper = self.handle.cache.frontier
+        ts = max(upper, self.ts_fn(upper))
+        if self._lead:
+            ts += self.lead_fn(min(MAX_LEAD_S, 1.5 * self._write_s))
+        return ts
+
+    def _wrote(self, picked: float, lost: bool) -> None:
+        """A round's write, whose time was picked at ``picked`` (monotonic), landed or lost its time."""
+        took = time.monotonic() - picked
+        self._write_s = took if self._write_s == 0.0 else 0.75 * self._write_s + 0.25 * took
+        self._lead = lost
 
     def _fail(self, key: str, q: Queued, message: str) -> None:
         retry_storage(lambda: self.blob.set(f"{self.prefix}failed/{q.txn_id}", message.encode()), self._deadline_s)
@@ -695,4 +812,12 @@ class GroupCommitter:
             log.debug("deleting queued %s deferred: %s", key, e)
 
 
-__all__ = ["GroupCommitFailed", "GroupCommitter", "Queued", "SequencerLease", "lease_key", "queue_prefix"]
+__all__ = [
+    "GroupCommitFailed",
+    "GroupCommitter",
+    "Queued",
+    "SequencerLease",
+    "lease_key",
+    "queue_has_work",
+    "queue_prefix",
+]

@@ -114,6 +114,8 @@ def _each(fn: Callable[[str], None], items: list[str]) -> None:
 
 
 CRITICAL_READER = "txns-critical-since"
+COMPACT_TO_EVERY_S = 1.0
+"""``TxnsHandle.maintain`` moves the txns shard's since (a conditional write there) at most this often."""
 TXNS_INLINE_MAX = 256 << 10
 """Commits of up to this many bytes of entries live inline in the txns shard state (no part)."""
 TXNS_COMPACTED_INLINE_MAX = 64 << 10
@@ -159,6 +161,10 @@ class TxnsHandle:
         self._data_writers: dict[str, WriteHandle] = {}
         self._schemas: dict[str, Schema] = {}
         self._commits = 0
+        #: conditional writes of commits that lost to another commit (its upper moved first): a caller
+        #: that compares it around a commit learns whether it contended
+        self.lost_races = 0
+        self._compacted_at = float("-inf")  # (monotonic) when maintain() last ran compact_to
         #: Whether commits and registrations run the txns shard's maintenance
         #: (compaction, GC, and every 16 commits ``compact_to``) before they
         #: return. A caller that runs :meth:`maintain` elsewhere (the database's
@@ -612,6 +618,7 @@ class TxnsHandle:
         try:
             self.writer.compare_and_append(updates, upper, ts + 1, token=token, before_write=before_write, also=also)
         except UpperMismatch as e:
+            self.lost_races += 1
             self.cache.update_ge(e.current, wait_s=0)
             return False
         if self.writer.appended:
@@ -628,10 +635,18 @@ class TxnsHandle:
         """The txns shard's maintenance: compaction and GC the policy asks for, then ``compact_to`` the upper.
 
         Best effort (failures are logged and left for later). Commits run it
-        themselves unless ``maintain_on_commit`` is off.
+        themselves unless ``maintain_on_commit`` is off. ``compact_to`` runs
+        at most every ``COMPACT_TO_EVERY_S``: it is a conditional write on the
+        txns shard, which every commit contends for, and a caller that
+        maintains after every apply (the database's background worker applies
+        every 0.1 s while it applies for everyone) made it a tenth of all
+        writes there, each one a lost race for some commit.
         """
         self.writer.maintain()
-        self._maybe_compact()
+        now = time.monotonic()
+        if now - self._compacted_at >= COMPACT_TO_EVERY_S:
+            self._compacted_at = now
+            self._maybe_compact()
 
     def tidy_at(self, ts: int, tidy: Tidy) -> None:
         """Commit just the retractions of ``tidy`` at ``ts`` (also advancing every upper)."""

@@ -10,6 +10,9 @@ import pyarrow as pa
 
 import txns
 from persist import PersistConfig
+from txns.db.committer import QUEUE_PROBE_S
+from txns.group_commit import SequencerLease, queue_has_work
+from txns.handle import TxnsHandle
 
 SCHEMA = pa.schema([("w", pa.int64()), ("i", pa.int64())])
 
@@ -61,3 +64,52 @@ def test_database_objects_racing_from_threads_commit_every_row_once() -> None:
     for d in dbs:
         d.close()
     first.close()
+
+
+def test_a_direct_writer_yields_to_transactions_waiting_in_the_queue() -> None:
+    """A process whose direct writes keep winning goes through the queue once others' transactions wait there.
+
+    (Before, it kept committing directly: its writes always won, as it holds the state its last write
+    made, and a sequencer's rounds lost every race to it, starving the queued transactions.)
+    """
+    url = f"mem://queued-yield-{uuid.uuid4().hex}"
+    a = txns.connect(url)
+    a.create_table("e", SCHEMA)
+    with a.transaction() as t:
+        t.insert("e", [{"w": 0, "i": 0}])
+    assert a.committer._queue_committer is None  # alone: direct
+    txns_id = a.handle.txns_id
+    # a stalled sequencer holds the lease, so queued transactions stay queued until it lets go
+    stalled = SequencerLease(TxnsHandle.open(a.client, txns_id, hold=False), lease_ms=60_000)
+    assert stalled.hold()
+    b = txns.connect(url)
+    b.committer._queue_until = time.monotonic() + 60  # b lost a race lately: its commits queue
+    errors: list[BaseException] = []
+
+    def b_commits() -> None:
+        try:
+            with b.transaction() as t:
+                t.insert("e", [{"w": 1, "i": 0}])
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    waiting = threading.Thread(target=b_commits)
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not queue_has_work(a.client.blob, txns_id):
+        assert time.monotonic() < deadline, "b's transaction never reached the queue"
+        time.sleep(0.01)
+    time.sleep(QUEUE_PROBE_S)  # (a looks at the queue at most this often)
+    releaser = threading.Timer(0.5, stalled.release)
+    releaser.start()
+    with a.transaction() as t:  # waits in the queue with b's, until the stalled sequencer lets go
+        t.insert("e", [{"w": 0, "i": 1}])
+    waiting.join(30)
+    releaser.join()
+    assert not errors and not waiting.is_alive()
+    queue = a.committer._queue_committer
+    assert queue is not None and queue.queued == 1  # a's second commit went through the queue
+    rows = sorted((r["w"], r["i"]) for r in a.table("e").to_arrow().to_pylist())
+    assert rows == [(0, 0), (0, 1), (1, 0)]
+    a.close()
+    b.close()

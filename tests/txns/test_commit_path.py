@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import txns.handle as handle_module
 from persist import InvalidUsage, PersistClient, ShardId
 from tests.txns.model import SCHEMA, new_id
 from txns import NotRegistered, TimestampUnavailable, TxnsHandle
@@ -104,6 +105,20 @@ def test_maintenance_can_leave_the_commit_path(opened) -> None:
     assert len(client.shard(h.txns_id).fetch().batches) < piled
     h.apply_le(11)
     assert len(h.snapshot(d, 11)) == 10
+
+
+def test_maintenance_moves_the_txns_since_at_most_every_compact_to_every_s(opened, monkeypatch) -> None:
+    """``maintain`` after every apply (the database's worker) does not make every call a write on the txns shard."""
+    _client, h = opened
+    moved: list[int] = []
+    real = h.compact_to
+    monkeypatch.setattr(h, "compact_to", lambda since: moved.append(since) or real(since))
+    h.maintain()
+    h.maintain()
+    assert len(moved) == 1  # the second call came within COMPACT_TO_EVERY_S
+    monkeypatch.setattr(handle_module, "COMPACT_TO_EVERY_S", 0.0)
+    h.maintain()
+    assert len(moved) == 2
 
 
 def test_critical_since_with_a_schema_is_one_write(tmp_path) -> None:

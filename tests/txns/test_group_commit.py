@@ -19,7 +19,7 @@ from persist.unreliable import Fault, Faults, Op
 from tests.helpers import file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
 from txns import TxnsHandle
-from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, lease_key, queue_prefix
+from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, SequencerLease, lease_key, queue_prefix
 
 
 def _setup(client: PersistClient, shards: int) -> tuple[str, list[str]]:
@@ -104,6 +104,32 @@ def test_uncontended_commit_takes_the_direct_path_with_no_queue_or_lease_traffic
     assert writes.count(txns_id) >= 5  # (each commit is its conditional write on the txns shard)
     gc.close()
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(5)}
+
+
+def test_a_direct_committer_goes_through_the_queue_while_others_wait_there(store: Store) -> None:
+    """Fairness: with another process's transaction queued, a direct committer's commit joins the queue."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    other = TxnsHandle.open(store.client(), txns_id)
+    stalled = SequencerLease(TxnsHandle.open(store.client(), txns_id), lease_ms=60_000)
+    assert stalled.hold()  # (a sequencer that stalls: the queued transaction stays queued meanwhile)
+    queued = other.begin()
+    queued.write(ds[0], (0,), ("q",), 1)
+    GroupCommitter(other, direct=False)._enqueue(
+        Queued(queued.id, other.upper, False, frozenset(b.id for bs in queued.batches().values() for b in bs),
+               queued.to_bytes()))
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h)
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("d",), 1)
+    releaser = threading.Timer(0.3, stalled.release)
+    releaser.start()
+    gc.commit(txn)  # (waits in the queue until the stalled sequencer lets go, then sequences both)
+    releaser.join()
+    assert gc.direct_commits == 0 and gc.queued == 1 and gc.grouped == 2
+    gc.close()
+    assert _queue_keys(client, txns_id) == []
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((0,), ("q",)): 1, ((1,), ("d",)): 1}
 
 
 def test_threads_of_one_process_join_one_direct_write_each_committed_once(store: Store) -> None:
@@ -354,6 +380,56 @@ def test_a_round_that_loses_to_a_direct_commit_writes_again_and_commits_each_onc
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {
         **{((n,), ("q",)): 1 for n in range(3)}, ((100,), ("d",)): 1, ((101,), ("d",)): 1
     }
+
+
+def test_after_a_lost_write_a_round_leads_by_how_long_its_writes_take(store: Store) -> None:
+    """A round whose write lost its time to a direct commit writes again ahead of ``ts_fn`` by ``lead_fn``.
+
+    (A direct writer picks its time just before it writes; a round does more in between, so without a
+    lead every retry was passed again by the next direct commit.)
+    """
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    direct = TxnsHandle.open(store.client(), txns_id)
+    leads: list[float] = []
+
+    def lead_fn(s: float) -> int:
+        leads.append(s)
+        return 1000
+
+    gc = GroupCommitter(h, direct=False, lead_fn=lead_fn)
+    txn = h.begin()
+    txn.write(ds[0], (1,), ("q",), 1)
+    gc._enqueue(Queued(txn.id, h.upper, False, frozenset(b.id for bs in txn.batches().values() for b in bs),
+                       txn.to_bytes()))
+    assert gc.lease.hold()
+    real_commit_at = type(txn).commit_at
+    tried: list[int] = []
+    won: list[int] = []
+
+    def commit_at(self, handle, ts, expect_upper=None, check=None):  # type: ignore[no-untyped-def]
+        tried.append(ts)
+        if not won:  # a direct writer lands first, at the round's time
+            t = direct.begin()
+            t.write(ds[0], (100,), ("d",), 1)
+            won.append(real_commit_at(t, direct, ts).commit_ts)
+        return real_commit_at(self, handle, ts, expect_upper, check)
+
+    import txns.txn as txn_module
+    orig = txn_module.Txn.commit_at
+    txn_module.Txn.commit_at = commit_at  # type: ignore[method-assign]
+    lost = h.lost_races
+    try:
+        assert gc.run_round() == 1
+    finally:
+        txn_module.Txn.commit_at = orig  # type: ignore[method-assign]
+    assert h.lost_races == lost + 1  # (the round's first write lost to the direct one)
+    assert len(tried) == 2
+    assert len(leads) == 1 and 0 < leads[0] <= 0.5  # 1.5x how long the lost write took, capped
+    assert tried[1] >= won[0] + 1 + 1000  # past the winner, leading by lead_fn's answer
+    assert txn.commit_at(h, tried[1]).commit_ts == tried[1]  # (committed there: the same result again)
+    gc.close()
 
 
 def test_commit_at_runs_the_check_at_the_upper_it_appends_at(store: Store) -> None:

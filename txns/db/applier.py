@@ -101,8 +101,9 @@ APPLIER_LEASE_MS = 4000
 after each apply, so a slow apply on a busy machine does not hand it over mid-way)."""
 CONTENDED_S = 10.0
 """After an apply met another process's commit (or the lease held by another), the worker uses the lease this long."""
-DUTY_POLL_S = 0.1
-"""The lease holder looks for new commits (one read of the txns shard's head) this often."""
+DUTY_POLL_S = 0.25
+"""The lease holder looks for new commits (one read of the txns shard's head) this often (each apply, and its
+maintenance, is some requests and a conditional write or two on the txns shard; readers never wait for it)."""
 ON_DUTY_S = 5.0
 """The lease holder keeps applying everyone's commits while its own process committed within this long."""
 

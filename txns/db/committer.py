@@ -7,7 +7,8 @@ others go through an in-process **group commit**: each joins a queue, and
 whoever holds the handle lock next commits every queued transaction that
 fits in one conditional write; a write-only group that lost a race to
 another process goes through the cross-process queue
-(:mod:`txns.group_commit`) for a while. A commit returns as soon as it is
+(:mod:`txns.group_commit`) for a while, and so do write-only groups while
+other processes' transactions wait there (:meth:`Committer._contended`). A commit returns as soon as it is
 durable; applying it is the background worker's (:mod:`txns.db.applier`).
 
 Invariants:
@@ -31,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
@@ -38,19 +40,24 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from persist import Indeterminate, PersistClient, Schema, backoff
+from persist import ExternalError, Indeterminate, PersistClient, Schema, backoff
+from txns.db import clock
 from txns.db.catalog import TableEntry
 from txns.db.errors import TransactionConflict
 from txns.db.oracle import TimestampOracle
 from txns.db.pool import each_or_raise, in_pool, pool
 from txns.db.validation import ConflictReads, ReadSet, conflict
 from txns.errors import TimestampUnavailable
-from txns.group_commit import GroupCommitter
+from txns.group_commit import GroupCommitter, queue_has_work
 from txns.handle import TxnsHandle
 from txns.txn import Tidy, Txn
 
+log = logging.getLogger(__name__)
+
 QUEUE_AFTER_LOST_S = 1.0
 """After a write-only group loses a race to another process, write-only groups queue for this long."""
+QUEUE_PROBE_S = 0.5
+"""A committer committing directly looks (one listing) whether others' transactions wait in the queue this often."""
 UNCERTAIN_RETRIES = 3
 """A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
 SHARED_COMMITS_KEPT = 256
@@ -161,6 +168,7 @@ class Committer:
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
         self._queue_until = 0.0  # write-only groups go straight to the queue until then (contended)
+        self._probed_at = float("-inf")  # (monotonic) when the queue was last looked at (see _contended)
 
     def shared_commits(self) -> list[int]:
         """The recent times at which a group of two or more transactions committed (oldest first)."""
@@ -250,9 +258,11 @@ class Committer:
         expected an upper that has passed).
         """
         cache = self.handle.cache
-        if all(not q.req.reads for q in members if not q.done) and time.monotonic() < self._queue_until:
-            # Contended (a write-only group of this process lost a race lately): straight to the
-            # cross-process queue, where one sequencer commits everyone's, instead of losing again.
+        if all(not q.req.reads for q in members if not q.done) and self._contended():
+            # Contended (a write-only group of this process lost a race lately, or other processes'
+            # transactions wait in the queue): straight to the cross-process queue, where one
+            # sequencer commits everyone's in order, instead of losing again, or of winning again
+            # and again while the others' wait.
             self._commit_queued([q for q in members if not q.done])
             return
         tidy = self._applier.take_tidy()
@@ -274,8 +284,14 @@ class Committer:
             assert base is not None
             oracle = self._oracles.oracle(group[0].req.isolation)
             ts = max(cache.frontier if expect is None else expect, oracle.write_ts())
+            lost = self.handle.lost_races
             try:
                 applied = base.commit_at(self.handle, ts, expect_upper=expect)
+                if expect is None and self.handle.lost_races > lost:
+                    # It won only after losing to another commit (the cross-process queue's, say):
+                    # the next write-only groups queue too, so that the queue is not starved by
+                    # this process's direct writes landing first.
+                    self._queue_until = time.monotonic() + QUEUE_AFTER_LOST_S
             except TimestampUnavailable as e:
                 self._oracles.observe(e.upper - 1)
                 if expect is not None:
@@ -300,6 +316,34 @@ class Committer:
             break
         assert group is not None and base is not None
         self._mark_committed(group, [applied.commit_ts] * len(group))
+
+    def _contended(self) -> bool:
+        """Whether write-only groups go through the cross-process queue now (under the handle lock).
+
+        Yes for ``QUEUE_AFTER_LOST_S`` after a write-only group lost a race
+        (or won only after losing one), and while the queue holds other
+        processes' transactions, which this committer looks for (one
+        listing) at most every ``QUEUE_PROBE_S``. The look is what makes
+        the direct path fair: a process whose direct writes keep winning
+        never loses a race (it holds the txns state its last write made, so
+        it writes again at once, while any other writer must read the state
+        first), and would otherwise starve the queued transactions of the
+        others, whose rounds lose every race to it.
+        """
+        now = time.monotonic()
+        if now < self._queue_until:
+            return True
+        if now - self._probed_at >= QUEUE_PROBE_S:
+            self._probed_at = now
+            try:
+                qc = self._queue_committer
+                mine = qc.waiting_ids() if qc is not None else frozenset()  # (this process's own do not count)
+                if queue_has_work(self.client.blob, self.handle.txns_id, mine):
+                    self._queue_until = now + QUEUE_AFTER_LOST_S
+                    return True
+            except ExternalError as e:  # (the direct path then; the next look is soon)
+                log.debug("looking at the commit queue failed: %s", e)
+        return False
 
     def _mark_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
         """Each member committed at its ``commit_ts``: set its outcome, tell the oracles, apply in the background."""
@@ -331,7 +375,10 @@ class Committer:
             handle = TxnsHandle.open(self.client, self.handle.txns_id, hold=False)
             handle.maintain_on_commit = False  # (the background worker maintains the txns shard)
             self._queue_committer = GroupCommitter(
-                handle, ts_fn=lambda upper: max(upper, oracle.write_ts()), direct=False
+                handle,
+                ts_fn=lambda upper: max(upper, oracle.write_ts()),
+                lead_fn=lambda s: clock.ts_of_ms(int(s * 1000)) + 1,  # (hybrid timestamps: ms above a counter)
+                direct=False,
             )
         if group[0].txn.uncertain:
             # SUBTLE: an earlier attempt of this group (all its members, joined)
@@ -424,4 +471,13 @@ class Committer:
             return applied.commit_ts, (at if reads else read_ts)
 
 
-__all__ = ["Apply", "CatalogCache", "CommitRequest", "Committer", "Oracles", "QUEUE_AFTER_LOST_S", "UNCERTAIN_RETRIES"]
+__all__ = [
+    "Apply",
+    "CatalogCache",
+    "CommitRequest",
+    "Committer",
+    "Oracles",
+    "QUEUE_AFTER_LOST_S",
+    "QUEUE_PROBE_S",
+    "UNCERTAIN_RETRIES",
+]
