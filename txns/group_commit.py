@@ -20,7 +20,9 @@ through a **queue** when there is contention:
    nobody. The object also records ``seen_upper``, the txns upper the writer
    had seen (at most the true upper, so every commit of the transaction is at
    a time >= it), and whether the transaction is *uncertain* (an earlier
-   attempt may have landed, or its id was chosen by the caller).
+   attempt may have landed, or its id was chosen by the caller). In the
+   process that sequences, it is handed to the sequencer thread in memory
+   instead (no object); should that thread stop first, the writer PUTs it.
 3. **Sequence.** One process at a time is the sequencer: it holds a lease,
    the consensus key ``{txns_id}-sequencer``, taken by a compare-and-set when
    absent, released or lapsed (``lease_ms`` after its last renewal, which the
@@ -104,6 +106,8 @@ MAX_GROUP = 1000
 ROUND_RETRIES = 3
 """A round whose conditional write lost to another commit checks the commits in between and writes again this
 many times before leaving its transactions to the next round."""
+LOCAL = "local/"
+"""The sequencer's key of a transaction its own process handed over in memory (no queue object)."""
 QUEUE_IO_THREADS = 32
 """A committer reads (as sequencer) and deletes queued objects this many at a time (each a request of tens of ms
 on S3: a round of 100 transactions read 4 at a time took over a second)."""
@@ -340,7 +344,8 @@ class GroupCommitter:
         self._synced_at = 0.0  # when a waiting writer last read the txns shard
         self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
         self._closed = False
-        self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key
+        self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key (LOCAL...: handed)
+        self._wake = threading.Event()  # set when a transaction is handed to this process's sequencer thread
         self._deleter = ThreadPoolExecutor(max_workers=QUEUE_IO_THREADS, thread_name_prefix="txns-queue-io")
         self._deadline_s = handle.client.config.retry_deadline_s
         handle.cache.start_tracking()
@@ -354,6 +359,7 @@ class GroupCommitter:
         self.queued = 0
         self.rounds = 0
         self.grouped = 0
+        self.handed = 0  # transactions of this process handed to its own sequencer in memory (not PUT)
 
     def close(self) -> None:
         """Stop sequencing, release the lease if held and finish pending deletes (the handle stays open)."""
@@ -532,10 +538,21 @@ class GroupCommitter:
     ) -> list[TxnApply]:
         """Enqueue ``waiting`` and wait until each committed; ``results`` has the others' (see :meth:`commit`)."""
         h = self.handle
-        if len(waiting) > 1:
-            list(self._deleter.map(self._enqueue, [q for _, _, q, _ in waiting]))
-        elif waiting:
-            self._enqueue(waiting[0][2])
+        with self._lock:
+            if self._serving is not None and not self._closed:
+                # This process sequences: hand them to its next round in memory (no PUT, GET or
+                # DELETE); they are checked and committed exactly as queued objects are.
+                for _, _, q, _ in waiting:
+                    self._bodies[f"{LOCAL}{q.txn_id}"] = q
+                self.handed += len(waiting)
+                self._wake.set()
+                put = []
+            else:
+                put = [q for _, _, q, _ in waiting]
+        if len(put) > 1:
+            list(self._deleter.map(self._enqueue, put))
+        elif put:
+            self._enqueue(put[0])
         self.queued += len(waiting)
         started = time.monotonic()
         deadline = started + self.timeout_s
@@ -550,6 +567,8 @@ class GroupCommitter:
                         h.cache.sync()
                         self._synced_at = time.monotonic()
                     found = [(w, self._committed(w[2]) if polls > 0 else None) for w in waiting]
+                    if self._serving is None:
+                        self._unhand([q for (_, _, q, _), ts in found if ts is None])
                     # The lease: read afresh every fourth poll, the first included (a holder that
                     # released it is replaced then; a lapsed one at its expiry, which needs no read;
                     # a sequencer lingers, so under load it rarely lets go early).
@@ -583,6 +602,18 @@ class GroupCommitter:
         if polls > 0:
             self._wait_s = 0.75 * self._wait_s + 0.25 * (time.monotonic() - started)
         return [results[i] for i in range(len(txns))]
+
+    def _unhand(self, waiting: list[Queued]) -> None:
+        """Queue (PUT) those of ``waiting`` handed to this process's sequencer in memory, now that it stopped.
+
+        Under the lock, with no sequencer thread running: its lease was lost
+        (or lapsed), so another process's sequencer must be able to commit
+        them. Each stays uncommitted below the cache's frontier (checked just
+        before), and whichever sequencer commits it checks it again at its write.
+        """
+        for q in waiting:
+            if self._bodies.pop(f"{LOCAL}{q.txn_id}", None) is not None:
+                self._enqueue(q)
 
     def _pause(self, polls: int) -> float:
         """How long a waiting writer sleeps before its poll number ``polls`` (1 = the first).
@@ -622,6 +653,7 @@ class GroupCommitter:
                 while not self._closed:
                     with self._lock:
                         if not self.lease.hold():
+                            self._serving = None  # (under the lock: no transaction is handed to it after this)
                             return
                         try:
                             committed = self._round()
@@ -633,11 +665,13 @@ class GroupCommitter:
                             idle_since = idle_since or now
                             if now - idle_since >= self.linger_s:
                                 self.lease.release()
+                                self._serving = None
                                 return
                             pause = min(self.idle_poll_s, pause * 2)
                         else:
                             idle_since, pause = None, self.poll_s
-                    time.sleep(pause)
+                    self._wake.wait(pause)  # (set when this process hands a transaction over)
+                    self._wake.clear()
             finally:
                 self._serving = None
 
@@ -685,7 +719,7 @@ class GroupCommitter:
         h = self.handle
         keys = sorted(retry_storage(lambda: list(self.blob.list_keys(f"{self.prefix}pending/")), self._deadline_s))
         listed = set(keys)
-        self._bodies = {k: v for k, v in self._bodies.items() if k in listed}
+        self._bodies = {k: v for k, v in self._bodies.items() if k in listed or k.startswith(LOCAL)}
         new = [k for k in keys if k not in self._bodies]
 
         def get(k: str) -> bytes | None:
@@ -803,7 +837,8 @@ class GroupCommitter:
 
     def _delete(self, key: str) -> None:
         self._bodies.pop(key, None)
-        self._deleter.submit(self._quietly_delete, key)
+        if not key.startswith(LOCAL):  # (handed over in memory: no object)
+            self._deleter.submit(self._quietly_delete, key)
 
     def _quietly_delete(self, key: str) -> None:
         try:

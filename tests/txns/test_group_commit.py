@@ -132,6 +132,72 @@ def test_a_direct_committer_goes_through_the_queue_while_others_wait_there(store
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((0,), ("q",)): 1, ((1,), ("d",)): 1}
 
 
+def _counting_queue_puts(client: PersistClient, txns_id: str) -> list[str]:
+    puts: list[str] = []
+    real = client.blob.set
+
+    def counting(key: str, value: bytes) -> None:
+        if key.startswith(queue_prefix(txns_id) + "pending/"):
+            puts.append(key)
+        real(key, value)
+
+    client.blob.set = counting  # type: ignore[method-assign]
+    return puts
+
+
+def test_the_sequencers_own_process_hands_its_transactions_over_without_queue_objects(store: Store) -> None:
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    puts = _counting_queue_puts(client, txns_id)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=30)
+    first = gc.handle.begin()
+    first.write(ds[0], (0,), ("a",), 1)
+    gc.commit(first)  # (takes the lease: this process now sequences, in a background thread)
+    assert len(puts) == 1 and gc._serving is not None
+    for n in range(1, 4):
+        txn = gc.handle.begin()
+        txn.write(ds[0], (n,), ("a",), 1)
+        assert gc.commit(txn).commit_ts > 0
+    assert gc.handed == 3 and len(puts) == 1  # no object for the three handed over
+    gc.close()
+    assert _queue_keys(client, txns_id) == []
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(4)}
+
+
+def test_a_handed_transaction_is_queued_when_its_sequencer_loses_the_lease(store: Store) -> None:
+    """The process's sequencer stops (its lease lost) before committing a handed transaction: it is
+    queued (PUT) then, and another process's sequencer commits it, once."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    puts = _counting_queue_puts(client, txns_id)
+    # (poll_s 1 s: the sequencer thread sleeps that long between rounds, so the hand-over below
+    # happens while it sleeps, and it wakes to find its lease lost)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=30, lease_ms=200, poll_s=1.0)
+    first = gc.handle.begin()
+    first.write(ds[0], (0,), ("a",), 1)
+    gc.commit(first)
+    assert gc._serving is not None
+    while gc.rounds < 2:  # (the thread's first round found the queue empty: it sleeps now)
+        time.sleep(0.01)
+    gc.lease.hold = lambda fresh=False: False  # type: ignore[method-assign]  # (lost: it lapses in 200 ms)
+    txn = gc.handle.begin()
+    txn.write(ds[0], (1,), ("h",), 1)
+    out: list[object] = []
+    waiter = threading.Thread(target=lambda: out.append(gc.commit(txn)))
+    waiter.start()
+    other = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False)
+    deadline = time.monotonic() + 30
+    while other.grouped == 0:
+        assert time.monotonic() < deadline, "nobody committed the handed transaction"
+        other.run_round()
+        time.sleep(0.05)
+    waiter.join(30)
+    assert gc.handed == 1 and len(out) == 1 and len(puts) == 2  # (the first one's, and the handed one's)
+    other.close()
+    gc.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((0,), ("a",)): 1, ((1,), ("h",)): 1}
+
+
 def test_threads_of_one_process_join_one_direct_write_each_committed_once(store: Store) -> None:
     client = store.client()
     txns_id, ds = _setup(client, 2)
