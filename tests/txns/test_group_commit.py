@@ -20,6 +20,7 @@ from tests.helpers import file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
 from txns import TxnsHandle
 from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, SequencerLease, lease_key, queue_prefix
+from txns.txn import Txn
 
 
 def _setup(client: PersistClient, shards: int) -> tuple[str, list[str]]:
@@ -38,6 +39,12 @@ def _contents(client: PersistClient, txns_id: str, ds: list[str]) -> dict[str, d
     out = {d: consolidated(h.snapshot(d, upper - 1)) for d in ds}
     h.close()
     return out
+
+
+def _as_queued(txn: Txn, seen_upper: int) -> Queued:
+    """``txn`` as a queued object holds it (certain, seen at ``seen_upper``)."""
+    return Queued(txn.id, seen_upper, False, frozenset(b.id for bs in txn.batches().values() for b in bs),
+                  txn.to_bytes())
 
 
 def _queue_keys(client: PersistClient, txns_id: str) -> list[str]:
@@ -116,8 +123,7 @@ def test_a_direct_committer_goes_through_the_queue_while_others_wait_there(store
     queued = other.begin()
     queued.write(ds[0], (0,), ("q",), 1)
     GroupCommitter(other, direct=False)._enqueue(
-        Queued(queued.id, other.upper, False, frozenset(b.id for bs in queued.batches().values() for b in bs),
-               queued.to_bytes()))
+        _as_queued(queued, other.upper))
     h = TxnsHandle.open(client, txns_id)
     gc = GroupCommitter(h)
     txn = h.begin()
@@ -420,8 +426,7 @@ def test_a_round_that_loses_to_a_direct_commit_writes_again_and_commits_each_onc
         txn = h.begin()
         txn.write(ds[0], (n,), ("q",), 1)
         queued.append(txn)
-        gc._enqueue(Queued(txn.id, h.upper, False, frozenset(b.id for bs in txn.batches().values() for b in bs),
-                           txn.to_bytes()))
+        gc._enqueue(_as_queued(txn, h.upper))
     assert gc.lease.hold()
     real_commit_at = type(queued[0]).commit_at
     lost = []
@@ -467,8 +472,7 @@ def test_after_a_lost_write_a_round_leads_by_how_long_its_writes_take(store: Sto
     gc = GroupCommitter(h, direct=False, lead_fn=lead_fn)
     txn = h.begin()
     txn.write(ds[0], (1,), ("q",), 1)
-    gc._enqueue(Queued(txn.id, h.upper, False, frozenset(b.id for bs in txn.batches().values() for b in bs),
-                       txn.to_bytes()))
+    gc._enqueue(_as_queued(txn, h.upper))
     assert gc.lease.hold()
     real_commit_at = type(txn).commit_at
     tried: list[int] = []
