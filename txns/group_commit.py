@@ -751,9 +751,16 @@ class GroupCommitter:
         todo = todo[:MAX_GROUP]
         ts = max(upper, self.ts_fn(upper))  # (the write may go later: a shard forgotten by then fails it there)
         members: list[tuple[str, Txn]] = []
+        fresh = False
         for k, q in todo:
             t = Txn.from_bytes(q.txn, h)
             gone = [d for d in t.data_ids if not h.cache.registered_at(d, ts)]
+            if gone and not fresh:
+                # (the view may be older than the shard's registration: judge on a fresh one)
+                h.cache.sync()
+                fresh = True
+                ts = max(ts, h.cache.frontier, self.ts_fn(h.cache.frontier))
+                gone = [d for d in t.data_ids if not h.cache.registered_at(d, ts)]
             if gone:
                 self._fail(k, q, f"data shard(s) {', '.join(gone)} are not registered at {ts} (forgotten); "
                                  f"transaction {q.txn_id} was not committed")

@@ -334,6 +334,26 @@ def test_a_transaction_for_a_forgotten_shard_fails_with_nothing_committed(store:
     assert _queue_keys(store.client(), txns_id) == []
 
 
+def test_a_shard_registered_after_the_sequencers_view_is_not_taken_for_forgotten(store: Store) -> None:
+    """A round judges by its view of the txns shard without reading it first; a shard registered past
+    that view is looked up on a fresh one before the transaction is failed as forgotten."""
+    client = store.client()
+    txns_id, _ = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, direct=False)
+    assert gc.lease.hold() and gc.run_round() == 0  # (its view: as of now)
+    other = TxnsHandle.open(store.client(), txns_id)
+    fresh = new_id()
+    other.register(other.upper, {fresh: SCHEMA})  # registered past the sequencer's view
+    txn = other.begin()
+    txn.write(fresh, (1,), ("n",), 1)
+    gc._enqueue(_as_queued(txn, other.upper))
+    assert gc.run_round() == 1
+    assert _queue_keys(client, txns_id) == []  # (no failure published)
+    gc.close()
+    assert _contents(store.client(), txns_id, [fresh])[fresh] == {((1,), ("n",)): 1}
+
+
 def test_queued_objects_round_trip_and_refuse_garbage() -> None:
     q = Queued("t1", 7, True, frozenset({"b1", "b2"}), b"\x00txn")
     assert Queued.decode("x", q.encode()) == q
