@@ -153,6 +153,7 @@ def test_bad_schemas(store: Store, schema: Any, match: str) -> None:
             r"row #1 has different columns",
         ),
         ([{"id": 1, "name": "a", "amount": 1.0}, "row"], InvalidUsage, r"row #1 is a str"),
+        ([{}, {}], SchemaMismatch, r"row #0 has no columns"),  # (Arrow made zero rows of them: a silent no-op)
         (pd.DataFrame({"id": [1.5], "name": ["a"], "amount": [1.0]}), SchemaMismatch, r"'id' .* does not fit int32"),
         ({1, 2}, InvalidUsage, "cannot insert a builtins.set"),
         (None, InvalidUsage, "nothing to write"),

@@ -212,6 +212,11 @@ def _rows(rows: list[Any], table_name: str) -> Iterator[pa.Table]:
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise InvalidUsage(f"table {table_name!r}: row #{i} is a {type(r).__name__}, not a dict of column values")
+    if not rows[0]:
+        # (Arrow makes zero rows of empty dicts: the insert would do nothing, silently)
+        raise SchemaMismatch(
+            f"table {table_name!r}: row #0 has no columns; each row is a dict of the table's column values"
+        )
     for start in range(0, len(rows), _ROWS_PER_CHUNK):
         chunk = rows[start : start + _ROWS_PER_CHUNK]
         names = list(chunk[0])
