@@ -638,9 +638,10 @@ class TxnsHandle:
         themselves unless ``maintain_on_commit`` is off. ``compact_to`` runs
         at most every ``COMPACT_TO_EVERY_S``: it is a conditional write on the
         txns shard, which every commit contends for, and a caller that
-        maintains after every apply (the database's background worker applies
-        every 0.1 s while it applies for everyone) made it a tenth of all
-        writes there, each one a lost race for some commit.
+        maintains after every apply (the database's background worker, which
+        applies several times a second while it applies for everyone) made
+        it a large share of the writes there, each one a lost race for some
+        commit.
         """
         self.writer.maintain()
         now = time.monotonic()

@@ -8,8 +8,9 @@ whoever holds the handle lock next commits every queued transaction that
 fits in one conditional write; a write-only group that lost a race to
 another process goes through the cross-process queue
 (:mod:`txns.group_commit`) for a while, and so do write-only groups while
-other processes' transactions wait there (:meth:`Committer._contended`). A commit returns as soon as it is
-durable; applying it is the background worker's (:mod:`txns.db.applier`).
+other processes' transactions wait there (:meth:`Committer._contended`). A
+commit returns as soon as it is durable; applying it is the background
+worker's (:mod:`txns.db.applier`).
 
 Invariants:
 
