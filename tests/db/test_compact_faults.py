@@ -45,11 +45,12 @@ import pyarrow as pa
 import pytest
 
 import txns
-from persist import ExternalError, PersistConfig, ReadBelowSince, metrics
+from persist import ExternalError, PartRetired, PersistConfig, ReadBelowSince, metrics
 from persist.fault_proxy import FaultPlan, FaultProxy
 from persist.mem import _STORES
 from persist.unreliable import Fault, Faults, Op, UnreliableBlob, UnreliableConsensus
 from persist.url import open_location
+from persist.write import WriteHandle
 from txns.admin import collect_garbage
 from txns.db import clock
 
@@ -293,3 +294,29 @@ def test_compact_and_gc_under_faults_on_s3(
     c = proxy.counters()
     hit = sum(c.get(k, 0) for k in ("drop_before", "drop_reply", "error_503", "truncate"))
     assert hit > 0, c
+
+
+def test_compact_plans_again_when_another_compaction_retired_a_part_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``db.compact`` meets ``PartRetired`` when the background worker's compaction of the same shard went
+    first (seen under faults on S3): a stale plan, not a failure; it plans again."""
+    db = txns.connect(f"file://{tmp_path}/db")
+    db.create_table("t", pa.schema([("k", pa.int64())]))
+    for i in range(3):
+        with db.transaction() as t:
+            t.insert("t", [{"k": i}])
+    real = WriteHandle.compact_all
+    calls: list[str] = []
+
+    def raced(self: WriteHandle) -> dict[str, Any]:
+        calls.append(str(self.shard_id))
+        if len(calls) == 1:
+            raise PartRetired(f"part x of shard {self.shard_id} was retired by compaction", "x")
+        return real(self)
+
+    monkeypatch.setattr(WriteHandle, "compact_all", raced)
+    report = db.compact(tables=["t"])
+    assert len(calls) == 2 and report["t"]["after"]["batches"] <= 1
+    assert sorted(r["k"] for r in db.table("t").to_arrow().to_pylist()) == [0, 1, 2]
+    db.close()
