@@ -35,6 +35,7 @@ from persist.errors import (
     operation,
 )
 from persist.location import Blob
+from persist.manifest import replan
 from persist.schema import CLOSED, Schema, check_ts, check_upper
 from persist.shard import ShardView
 
@@ -308,8 +309,13 @@ class WriteHandle:
         rounds. Then collect garbage. Returns ``{"before", "after"}`` counts (batches,
         rows, parts), the ``since`` and whether everything was merged at once.
         A missing input part is ``CorruptObject`` if the shard still references
-        it, else ``PartRetired`` (another compaction replaced it: call again).
+        it; if another compaction replaced it meanwhile (``PartRetired``: a
+        stale plan, not a failure), the merge is planned again on a fresh
+        state (:func:`persist.manifest.replan`).
         """
+        return replan(self._compact_all)
+
+    def _compact_all(self) -> dict[str, Any]:
         state = self.shard.fetch()
         before = _counts(state)
         batches = list(state.batches)

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from persist import InvalidUsage, PartRetired, PersistClient, SinceHandle, SnapshotPlan
+from persist import InvalidUsage, PersistClient, SinceHandle, SnapshotPlan
 from txns.db import clock
 from txns.db.catalog import CATALOG_SCHEMA, CatalogView, TableEntry
 from txns.db.errors import TableNotFound
@@ -105,8 +105,6 @@ AUTO_COMPACT_BYTES = 8 << 20
 """Tables up to this size are compacted whole when their hold moves (bigger ones by ``compact()``)."""
 DROPPED_REPORT = "(dropped tables)"
 """The key of ``compact()``'s report on dropped tables retired ({"tombstoned": n, "forgotten": n})."""
-COMPACT_REPLANS = 5
-"""``db.compact`` plans a data shard's compaction again this many times when another compaction goes first."""
 
 
 class CatalogViews(Protocol):
@@ -267,31 +265,13 @@ class Maintenance:
             targets.append(("(catalog)", root.catalog_id, longest))
         for name, d, ret in targets:
             since = self._hold(self.handle, d, ret, latest)
-            r = self._compact_shard(d) if merge is None else merge(d)
+            r = self.handle.data_writer(d).compact_all() if merge is None else merge(d)
             r["hold"] = since
             report[name] = r
         self._catalog.forget_views()
         if tables is None:
             report[DROPPED_REPORT] = self.release_dropped()
         return report
-
-    def _compact_shard(self, data_id: str) -> dict[str, Any]:
-        """``compact_all`` of one data shard, planned again when another compaction replaced a part meanwhile.
-
-        The background worker compacts data shards too (its applies ask
-        for it): a part this compaction planned to merge can be retired by
-        that one first (``PartRetired``), which is no failure, only a stale
-        plan. Planned again up to ``COMPACT_REPLANS`` times.
-        """
-        writer = self.handle.data_writer(data_id)
-        for attempt in range(COMPACT_REPLANS):
-            try:
-                return writer.compact_all()
-            except PartRetired as e:
-                if attempt == COMPACT_REPLANS - 1:
-                    raise
-                log.debug("compacting %s: another compaction went first (%s); planning again", data_id, e)
-        raise AssertionError("unreachable")  # (the loop returns or raises)
 
     def release_dropped(self) -> dict[str, int]:
         """Retire the data shards no readable catalog names any more: dropped tables past their history.
