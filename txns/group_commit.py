@@ -126,6 +126,48 @@ def queue_has_work(blob: Blob, txns_id: str, mine: frozenset[str] = frozenset())
     return any(k[len(prefix) :] not in mine for k in blob.list_keys(prefix))
 
 
+class QueueSwitch:
+    """When a committer writes through the queue rather than directly (fairness; see the module doc, step 1).
+
+    Contended for a while after :meth:`lost` (a direct write lost a race,
+    won only after losing one, or was slow), and while other transactions
+    wait in the queue, which :meth:`contended` looks for (one listing) at
+    most every ``probe_s``: a process whose direct writes win keeps winning
+    (its last write made the state it holds, while everyone else must read
+    it first), so without the look it would starve the queued transactions,
+    whose rounds lose every race to it. Not thread-safe: its owner's lock.
+    """
+
+    def __init__(self, blob: Blob, txns_id: str, contended_s: float, probe_s: float) -> None:
+        self.blob = blob
+        self.txns_id = txns_id
+        self.contended_s = contended_s
+        self.probe_s = probe_s
+        self._until = 0.0  # (monotonic) contended until then
+        self._probed_at = float("-inf")  # (monotonic) when the queue was last looked at
+
+    def lost(self, for_s: float | None = None) -> None:
+        """A direct write contended: write through the queue for ``contended_s`` (or ``for_s``) from now."""
+        self._until = time.monotonic() + (self.contended_s if for_s is None else for_s)
+
+    def contended(self, mine: Callable[[], frozenset[str]] = frozenset) -> bool:
+        """Whether to write through the queue now; ``mine``: the caller's own queued transactions (not others')."""
+        now = time.monotonic()
+        if now < self._until:
+            return True
+        if now - self._probed_at < self.probe_s:
+            return False
+        self._probed_at = now
+        try:
+            waiting = queue_has_work(self.blob, self.txns_id, mine())
+        except ExternalError as e:  # (direct then; the next look is soon)
+            log.debug("looking at the commit queue failed: %s", e)
+            return False
+        if waiting:
+            self.lost()
+        return waiting
+
+
 def lease_key(txns_id: str) -> str:
     """The consensus key of the sequencer lease of the txns shard ``txns_id``."""
     return f"{txns_id}-sequencer"
@@ -326,7 +368,6 @@ class GroupCommitter:
         self._lead = False  # whether the next round's write leads (the last one lost its time)
         self.direct = direct
         self.poll_s = poll_s
-        self.contended_s = contended_s
         self.slow_s = slow_s
         self.timeout_s = timeout_s
         #: the sequencer keeps the lease this long after the queue empties (default: a quarter lease)
@@ -337,10 +378,7 @@ class GroupCommitter:
         self.blob = handle.client.blob
         self.prefix = queue_prefix(handle.txns_id)
         self._lock = threading.RLock()
-        self._contended_until = 0.0
-        #: a committer on the direct path looks whether others' transactions wait in the queue this often
-        self.probe_s = probe_s
-        self._probed_at = float("-inf")
+        self._switch = QueueSwitch(self.blob, handle.txns_id, contended_s, probe_s)
         self._synced_at = 0.0  # when a waiting writer last read the txns shard
         self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
         self._closed = False
@@ -394,7 +432,7 @@ class GroupCommitter:
         # transactions wait in the queue; not merely while another process sequences: a queued
         # commit takes several round trips, so with a few writers on a store where a request costs
         # tens of ms, direct writes are faster.)
-        if self.direct and not self._contended():
+        if self.direct and not self._switch.contended(self.waiting_ids):
             mine = _Waiting(txn)
             with self._pending_lock:
                 self._pending.append(mine)
@@ -409,32 +447,6 @@ class GroupCommitter:
             if mine.outcome is not None:
                 return mine.outcome
         return self._through_queue([txn])[0]
-
-    def _contended(self) -> bool:
-        """Whether commits go through the queue now, not directly (see the module doc, step 1).
-
-        For ``contended_s`` after a direct write lost a race, won only after
-        losing one, or was slow; and while other transactions wait in the
-        queue, which a committer on the direct path looks for (one listing)
-        at most every ``probe_s``: a process whose direct writes win keeps
-        winning (its last write made the state it holds, while everyone
-        else must read it first), so without the look it would starve the
-        queued transactions, whose rounds lose every race to it.
-        """
-        now = time.monotonic()
-        if now < self._contended_until:
-            return True
-        if now - self._probed_at < self.probe_s:
-            return False
-        self._probed_at = now
-        try:
-            waiting = queue_has_work(self.blob, self.handle.txns_id, self.waiting_ids())
-        except ExternalError as e:  # (direct then; the next look is soon)
-            log.debug("looking at the commit queue failed: %s", e)
-            return False
-        if waiting:
-            self._contended_until = now + self.contended_s
-        return waiting
 
     def waiting_ids(self) -> frozenset[str]:
         """The ids of this committer's transactions waiting in the queue now (its own, not others')."""
@@ -468,7 +480,7 @@ class GroupCommitter:
             finally:
                 base.join([])
         except TimestampUnavailable:
-            self._contended_until = time.monotonic() + self.contended_s
+            self._switch.lost()
             for w in group:
                 w.outcome = None  # (each goes through the queue)
                 w.lost = True
@@ -483,7 +495,7 @@ class GroupCommitter:
         self.joined += len(others)
         if time.monotonic() - start > self.slow_s or h.lost_races > lost:
             # throttled (or slow), or won only after losing to another process's write: group the next ones
-            self._contended_until = time.monotonic() + self.contended_s
+            self._switch.lost()
         leader.outcome = applied
         for w in others:
             a = TxnApply(applied.commit_ts, tuple(sorted(w.txn.batches())))
@@ -857,6 +869,7 @@ class GroupCommitter:
 __all__ = [
     "GroupCommitFailed",
     "GroupCommitter",
+    "QueueSwitch",
     "Queued",
     "SequencerLease",
     "lease_key",

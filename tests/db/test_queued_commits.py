@@ -83,7 +83,7 @@ def test_a_direct_writer_yields_to_transactions_waiting_in_the_queue() -> None:
     stalled = SequencerLease(TxnsHandle.open(a.client, txns_id, hold=False), lease_ms=60_000)
     assert stalled.hold()
     b = txns.connect(url)
-    b.committer._queue_until = time.monotonic() + 60  # b lost a race lately: its commits queue
+    b.committer._switch.lost(60)  # b lost a race lately: its commits queue
     errors: list[BaseException] = []
 
     def b_commits() -> None:

@@ -8,7 +8,7 @@ whoever holds the handle lock next commits every queued transaction that
 fits in one conditional write; a write-only group that lost a race to
 another process goes through the cross-process queue
 (:mod:`txns.group_commit`) for a while, and so do write-only groups while
-other processes' transactions wait there (:meth:`Committer._contended`). A
+other processes' transactions wait there (``txns.group_commit.QueueSwitch``). A
 commit returns as soon as it is durable; applying it is the background
 worker's (:mod:`txns.db.applier`).
 
@@ -33,15 +33,13 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from persist import ExternalError, Indeterminate, PersistClient, Schema, backoff
+from persist import Indeterminate, PersistClient, Schema, backoff
 from txns.db import clock
 from txns.db.catalog import TableEntry
 from txns.db.errors import TransactionConflict
@@ -49,11 +47,9 @@ from txns.db.oracle import TimestampOracle
 from txns.db.pool import each_or_raise, in_pool, pool
 from txns.db.validation import ConflictReads, ReadSet, conflict
 from txns.errors import TimestampUnavailable
-from txns.group_commit import GroupCommitter, queue_has_work
+from txns.group_commit import GroupCommitter, QueueSwitch
 from txns.handle import TxnsHandle
 from txns.txn import Tidy, Txn
-
-log = logging.getLogger(__name__)
 
 QUEUE_AFTER_LOST_S = 1.0
 """After a write-only group loses a race to another process, write-only groups queue for this long."""
@@ -168,8 +164,8 @@ class Committer:
         self._shared: deque[int] = deque(maxlen=SHARED_COMMITS_KEPT)  # times at which a group of 2+ committed
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
-        self._queue_until = 0.0  # write-only groups go straight to the queue until then (contended)
-        self._probed_at = float("-inf")  # (monotonic) when the queue was last looked at (see _contended)
+        #: whether write-only groups go straight to the queue (a lost race lately, or others waiting there)
+        self._switch = QueueSwitch(client.blob, handle.txns_id, QUEUE_AFTER_LOST_S, QUEUE_PROBE_S)
 
     def shared_commits(self) -> list[int]:
         """The recent times at which a group of two or more transactions committed (oldest first)."""
@@ -259,7 +255,7 @@ class Committer:
         expected an upper that has passed).
         """
         cache = self.handle.cache
-        if all(not q.req.reads for q in members if not q.done) and self._contended():
+        if all(not q.req.reads for q in members if not q.done) and self._switch.contended(self._queued_ids):
             # Contended (a write-only group of this process lost a race lately, or other processes'
             # transactions wait in the queue): straight to the cross-process queue, where one
             # sequencer commits everyone's in order, instead of losing again, or of winning again
@@ -292,7 +288,7 @@ class Committer:
                     # It won only after losing to another commit (the cross-process queue's, say):
                     # the next write-only groups queue too, so that the queue is not starved by
                     # this process's direct writes landing first.
-                    self._queue_until = time.monotonic() + QUEUE_AFTER_LOST_S
+                    self._switch.lost()
             except TimestampUnavailable as e:
                 self._oracles.observe(e.upper - 1)
                 if expect is not None:
@@ -301,7 +297,7 @@ class Committer:
                 # A write-only group lost a race with another process: queue it
                 # (txns.group_commit), so contending processes share writes; and the
                 # next ones too, for QUEUE_AFTER_LOST_S.
-                self._queue_until = time.monotonic() + QUEUE_AFTER_LOST_S
+                self._switch.lost()
                 self._commit_queued(group)
                 return
             except Indeterminate as e:
@@ -318,33 +314,10 @@ class Committer:
         assert group is not None and base is not None
         self._mark_committed(group, [applied.commit_ts] * len(group))
 
-    def _contended(self) -> bool:
-        """Whether write-only groups go through the cross-process queue now (under the handle lock).
-
-        Yes for ``QUEUE_AFTER_LOST_S`` after a write-only group lost a race
-        (or won only after losing one), and while the queue holds other
-        processes' transactions, which this committer looks for (one
-        listing) at most every ``QUEUE_PROBE_S``. The look is what makes
-        the direct path fair: a process whose direct writes keep winning
-        never loses a race (it holds the txns state its last write made, so
-        it writes again at once, while any other writer must read the state
-        first), and would otherwise starve the queued transactions of the
-        others, whose rounds lose every race to it.
-        """
-        now = time.monotonic()
-        if now < self._queue_until:
-            return True
-        if now - self._probed_at >= QUEUE_PROBE_S:
-            self._probed_at = now
-            try:
-                qc = self._queue_committer
-                mine = qc.waiting_ids() if qc is not None else frozenset()  # (this process's own do not count)
-                if queue_has_work(self.client.blob, self.handle.txns_id, mine):
-                    self._queue_until = now + QUEUE_AFTER_LOST_S
-                    return True
-            except ExternalError as e:  # (the direct path then; the next look is soon)
-                log.debug("looking at the commit queue failed: %s", e)
-        return False
+    def _queued_ids(self) -> frozenset[str]:
+        """This process's own transactions waiting in the cross-process queue (not others')."""
+        qc = self._queue_committer
+        return qc.waiting_ids() if qc is not None else frozenset()
 
     def _mark_committed(self, group: list[_Pending], commit_ts: list[int]) -> None:
         """Each member committed at its ``commit_ts``: set its outcome, tell the oracles, apply in the background."""
