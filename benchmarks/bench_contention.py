@@ -13,6 +13,8 @@ inside the same window):
   most attempts, how often a call took the run turn, and calls that gave up.
 
 Stores: ``moto`` (moto's S3 server in a child process, over HTTP),
+``seaweedfs`` (a real S3 server: SeaweedFS's ``weed server`` on loopback,
+as in the tests; not in the default list),
 ``file`` (a local directory) and ``s3model`` (the file store behind
 :mod:`persist.s3model`: 60 ms per request, 15 conditional writes/s per
 key, no CPU). Latencies are of every commit started in the window, also
@@ -293,6 +295,13 @@ def main() -> None:
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-contention-"))
         endpoint = stack.enter_context(moto_server()) if "moto" in a.stores else ""
+        weed = ""
+        if "seaweedfs" in a.stores:
+            from persist.testing import fake_aws_env
+            from tests.seaweedfs import seaweedfs_server
+
+            stack.enter_context(fake_aws_env())
+            weed = stack.enter_context(seaweedfs_server())
         for store in a.stores.split(","):
             base = None
             for n in [int(x) for x in a.procs.split(",")]:
@@ -301,6 +310,7 @@ def main() -> None:
                     "file": f"counted+file://{case}",
                     "s3model": f"s3model+file://{case}?latency_ms={a.latency_ms:g}&cas_per_key_s={a.cas_per_key_s:g}",
                     "moto": "counted+" + new_bucket_url(endpoint, f"{a.workload}-{n}") if endpoint else "",
+                    "seaweedfs": "counted+" + new_bucket_url(weed, f"{a.workload}-{n}") if weed else "",
                 }[store]
                 r = run_case(url, a.workload, n, a.seconds)
                 base = base or r["per_s"]

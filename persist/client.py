@@ -249,15 +249,16 @@ class PersistClient:
         live = state.part_keys() | {k for k, _ in state.garbage} | (keep or set())
         # part keys carry the wall-clock time they were written at (parts.part_key)
         horizon = int(time.time() * 1000) - int(older_than_s * 1000)
-        deleted = 0
-        for key in list(self.blob.list_keys(f"{sid}/parts/")):
-            written = part_written_ms(key)
-            if key not in live and written is not None and written <= horizon:
-                note_write()
-                self.blob.delete(key)
-                metrics.count(metrics.LEAKED_PARTS_DELETED)
-                deleted += 1
-        return deleted
+        leaked = [
+            key
+            for key in self.blob.list_keys(f"{sid}/parts/")
+            if key not in live and (written := part_written_ms(key)) is not None and written <= horizon
+        ]
+        if leaked:
+            note_write()
+            self.blob.delete_many(leaked)  # (one request per 1,000 parts on S3)
+            metrics.count(metrics.LEAKED_PARTS_DELETED, len(leaked))
+        return len(leaked)
 
 
 _KNOWN_SCHEMAS_MAX = 1024

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -74,6 +74,16 @@ class Blob(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove each of ``keys`` that is present (missing ones are not an error).
+
+        Not atomic: a failure may leave any of them deleted and the others
+        not; calling it again finishes the job. The default deletes them one
+        by one; S3 deletes up to 1,000 in one request (DeleteObjects).
+        """
+        for key in keys:
+            self.delete(key)
 
     @abstractmethod
     def list_keys(self, prefix: str) -> Iterator[str]:

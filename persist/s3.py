@@ -33,7 +33,7 @@ import email.utils
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import boto3
@@ -368,6 +368,25 @@ class S3Blob(_S3Base, Blob):
             Bucket=self._bucket,
             Key=full,
         )
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        for i in range(0, len(keys), _DELETE_BATCH):
+            batch = [self._base + k for k in keys[i : i + _DELETE_BATCH]]
+            what = f"s3 blob delete of {len(batch)} keys from {self._where(batch[0])}"
+            resp = self._call(
+                self._client.delete_objects,
+                what,
+                True,
+                Bucket=self._bucket,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            errors = resp.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise Indeterminate(
+                    f"{what}: {len(errors)} deletes failed, first {first.get('Key')!r}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         full = self._base + prefix

@@ -295,6 +295,19 @@ class BlobConformance:
         blob.set("a/b", b"again")
         assert blob.get("a/b") == b"again"
 
+    def test_blob_delete_many(self, blob_factory: BlobFactory) -> None:
+        blob = blob_factory()
+        keys = [f"q/pending/{i:04d}" for i in range(12)]
+        for k in keys:
+            blob.set(k, k.encode())
+        blob.set("q/kept", b"kept")
+        blob.delete_many([*keys[:10], "q/never/was"])  # a missing key is not an error
+        assert sorted(blob.list_keys("q/")) == ["q/kept", *keys[10:]]
+        assert blob.get(keys[0]) is None and blob.get(keys[11]) == keys[11].encode()
+        blob.delete_many([])  # nothing: not an error
+        blob.delete_many(keys)  # some already gone
+        assert list(blob.list_keys("q/")) == ["q/kept"]
+
     def test_blob_nested_keys_and_list(self, blob_factory: BlobFactory) -> None:
         blob = blob_factory()
         keys = ["a/b/c", "a/b/d", "a/x", "ab", "b", "shard/s1/batch-0001", "shard/s1/batch-0002"]

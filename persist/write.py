@@ -351,9 +351,8 @@ class WriteHandle:
         if not due:
             return 0
         note_write()
-        for k in due:
-            self.blob.delete(k)
-            metrics.count(metrics.PARTS_DELETED)
+        self.blob.delete_many(list(due))  # (one request per 1,000 parts on S3)
+        metrics.count(metrics.PARTS_DELETED, len(due))
         gone = set(due)
 
         def transition(s: ShardState) -> tuple[None, bool]:

@@ -234,3 +234,19 @@ def test_a_missing_or_stale_hint_only_costs_a_longer_listing(
     assert c.head("k").seqno == HEAD_HINT_EVERY + 3  # type: ignore[union-attr]
     s3_admin.put_object(Bucket=bucket, Key="p/consensus/k/head-hint", Body=b"1")  # stale: a lower bound still
     assert c.head("k").seqno == HEAD_HINT_EVERY + 3  # type: ignore[union-attr]
+
+
+@pytest.mark.s3
+def test_delete_many_is_one_request_per_thousand_keys(
+    moto_endpoint: str, s3_bucket_factory: Callable[..., str]
+) -> None:
+    bucket = s3_bucket_factory("delmany")
+    blob, _ = open_s3(bucket, "p", endpoint_url=moto_endpoint, region="us-east-1")
+    keys = [f"q/{i:04d}" for i in range(1005)]
+    for k in keys[:30]:
+        blob.set(k, b"x")
+    requests: list[str] = []
+    blob._client.meta.events.register("before-call.s3", lambda model, **_: requests.append(model.name))
+    blob.delete_many(keys)  # (most never written: not an error)
+    assert requests == ["DeleteObjects", "DeleteObjects"]
+    assert list(blob.list_keys("q/")) == []

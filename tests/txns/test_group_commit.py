@@ -556,3 +556,52 @@ def test_commit_at_runs_the_check_at_the_upper_it_appends_at(store: Store) -> No
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("a",)): 1, ((9,), ("o",)): 1}
     txn2.commit_at(h, h.upper + 1)  # (still committable)
     assert _contents(store.client(), txns_id, ds)[ds[0]][((2,), ("b",))] == 1
+
+
+def test_a_queued_commit_that_waited_long_keeps_the_next_commits_queued_without_a_look(store: Store) -> None:
+    """Contention goes on: after a queued commit slower than ``slow_s``, the committer queues with no listing."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, slow_s=0.0, contended_s=60, probe_s=0.0)
+    looks: list[str] = []
+    real = client.blob.list_keys
+
+    def counting(prefix: str):  # type: ignore[no-untyped-def]
+        looks.append(prefix)
+        return real(prefix)
+
+    client.blob.list_keys = counting  # type: ignore[method-assign]
+    assert not gc._switch.contended(gc.waiting_ids) and len(looks) == 1, "uncontended: it looks, finds nothing"
+    first = h.begin()
+    first.write(ds[0], (1,), ("a",), 1)
+    gc.commit_all([first])  # through the queue; it waited longer than slow_s (0)
+    gc.close()  # (no sequencer thread listing meanwhile)
+    looks.clear()
+    assert gc._switch.contended(gc.waiting_ids) and looks == [], "contended after the slow queued commit: no look"
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("a",)): 1}
+
+
+def test_a_lease_read_lists_from_the_latest_version_it_saw(store: Store) -> None:
+    """Reading the lease passes the seqno seen last as the hint (on S3: no read of the key's head hint)."""
+    client = store.client()
+    txns_id, _ = _setup(client, 1)
+    holder = SequencerLease(TxnsHandle.open(store.client(), txns_id), lease_ms=60_000)
+    reader = SequencerLease(TxnsHandle.open(client, txns_id), lease_ms=60_000)
+    hints: list[int | None] = []
+    real = client.consensus.head
+
+    def recording(key: str, hint: int | None = None):  # type: ignore[no-untyped-def]
+        hints.append(hint)
+        return real(key, hint)
+
+    client.consensus.head = recording  # type: ignore[method-assign]
+    assert not reader.busy()  # never written: nothing seen yet
+    assert holder.hold()
+    for _ in range(3):
+        holder.release()
+        assert holder.hold()
+    assert reader.busy()
+    assert not reader.hold(fresh=True)
+    # (nothing seen before the first two reads; the third lists from version 7, which the second read)
+    assert hints == [None, None, 7]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -55,6 +56,9 @@ QUEUE_AFTER_LOST_S = 1.0
 """After a write-only group loses a race to another process, write-only groups queue for this long."""
 QUEUE_PROBE_S = 0.5
 """A committer committing directly looks (one listing) whether others' transactions wait in the queue this often."""
+QUEUED_SLOW_S = 0.25
+"""A queued commit that waited longer than this keeps write-only groups queued for ``QUEUE_AFTER_LOST_S`` more
+(contention goes on: no look at the queue before the next commit)."""
 UNCERTAIN_RETRIES = 3
 """A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
 SHARED_COMMITS_KEPT = 256
@@ -359,11 +363,16 @@ class Committer:
             # may have landed: each member must be looked up, not just the base.
             for q in group:
                 q.txn.uncertain = True
+        started = time.monotonic()
         try:
             applied = self._queue_committer.commit_all([q.txn for q in group])
         except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
             self._mark_failed(group, e)
             return
+        if time.monotonic() - started > QUEUED_SLOW_S:
+            # Still contended: the next write-only groups queue too, without first looking at the
+            # queue (a listing per commit, when commits wait longer than the look's period).
+            self._switch.lost()
         self._mark_committed(group, [a.commit_ts for a in applied])
 
     def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
