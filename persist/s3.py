@@ -320,6 +320,25 @@ class _S3Base:
                 return
             kwargs["ContinuationToken"] = token
 
+    def _delete_objects(self, full_keys: Sequence[str], what: str) -> None:
+        """Delete ``full_keys`` (missing ones are not an error): one DeleteObjects request per 1,000."""
+        for i in range(0, len(full_keys), _DELETE_BATCH):
+            batch = full_keys[i : i + _DELETE_BATCH]
+            resp = self._call(
+                self._client.delete_objects,
+                what,
+                True,
+                Bucket=self._bucket,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            errors = resp.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise Indeterminate(
+                    f"{what}: {len(errors)} deletes failed, first {first.get('Key')!r}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
+
     def close(self) -> None:
         """Release the shared client's pooled connections.
 
@@ -370,23 +389,9 @@ class S3Blob(_S3Base, Blob):
         )
 
     def delete_many(self, keys: Sequence[str]) -> None:
-        for i in range(0, len(keys), _DELETE_BATCH):
-            batch = [self._base + k for k in keys[i : i + _DELETE_BATCH]]
-            what = f"s3 blob delete of {len(batch)} keys from {self._where(batch[0])}"
-            resp = self._call(
-                self._client.delete_objects,
-                what,
-                True,
-                Bucket=self._bucket,
-                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-            )
-            errors = resp.get("Errors", [])
-            if errors:
-                first = errors[0]
-                raise Indeterminate(
-                    f"{what}: {len(errors)} deletes failed, first {first.get('Key')!r}: "
-                    f"{first.get('Code')} {first.get('Message')}"
-                )
+        if keys:
+            full = [self._base + k for k in keys]
+            self._delete_objects(full, f"s3 blob delete of {len(full)} keys from {self._where(full[0])}")
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         full = self._base + prefix
@@ -522,25 +527,8 @@ class S3Consensus(_S3Base, Consensus):
                 f"version (head seqno {head}); truncate to at most the head seqno"
             )
         doomed = [f"{self._dir(key)}{s:020d}" for s in seqnos if s < seqno]
-        deleted = 0
-        for i in range(0, len(doomed), _DELETE_BATCH):
-            batch = doomed[i : i + _DELETE_BATCH]
-            resp = self._call(
-                self._client.delete_objects,
-                what,
-                True,
-                Bucket=self._bucket,
-                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-            )
-            errors = resp.get("Errors", [])
-            if errors:
-                first = errors[0]
-                raise Indeterminate(
-                    f"{what} to {seqno}: {len(errors)} deletes failed, first "
-                    f"{first.get('Key')!r}: {first.get('Code')} {first.get('Message')}"
-                )
-            deleted += len(batch)
-        return deleted
+        self._delete_objects(doomed, f"{what} to {seqno}")
+        return len(doomed)
 
     def list_keys(self) -> Iterator[str]:
         keys: set[str] = set()
