@@ -559,11 +559,10 @@ def test_commit_at_runs_the_check_at_the_upper_it_appends_at(store: Store) -> No
 
 
 def test_a_queued_commit_that_waited_long_keeps_the_next_commits_queued_without_a_look(store: Store) -> None:
-    """Contention goes on: after a queued commit slower than ``slow_s``, the committer queues with no listing."""
+    """Contention goes on: after a queued commit slower than ``slow_s`` while other processes queue, the
+    committer queues with no listing; a lone one (nobody else in its rounds) looks again."""
     client = store.client()
     txns_id, ds = _setup(client, 1)
-    h = TxnsHandle.open(client, txns_id)
-    gc = GroupCommitter(h, slow_s=0.0, contended_s=60, probe_s=0.0)
     looks: list[str] = []
     real = client.blob.list_keys
 
@@ -572,14 +571,22 @@ def test_a_queued_commit_that_waited_long_keeps_the_next_commits_queued_without_
         return real(prefix)
 
     client.blob.list_keys = counting  # type: ignore[method-assign]
-    assert not gc._switch.contended(gc.waiting_ids) and len(looks) == 1, "uncontended: it looks, finds nothing"
-    first = h.begin()
-    first.write(ds[0], (1,), ("a",), 1)
-    gc.commit_all([first])  # through the queue; it waited longer than slow_s (0)
-    gc.close()  # (no sequencer thread listing meanwhile)
-    looks.clear()
-    assert gc._switch.contended(gc.waiting_ids) and looks == [], "contended after the slow queued commit: no look"
-    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("a",)): 1}
+    for others in (False, True):
+        h = TxnsHandle.open(client, txns_id)
+        gc = GroupCommitter(h, slow_s=0.0, contended_s=60, probe_s=0.0)
+        if others:  # another process's transaction waits in the queue: the round commits it too
+            other = TxnsHandle.open(store.client(), txns_id)
+            theirs = other.begin()
+            theirs.write(ds[0], (9,), ("o",), 1)
+            GroupCommitter(other, direct=False)._enqueue(_as_queued(theirs, other.upper))
+        mine = h.begin()
+        mine.write(ds[0], (int(others),), ("a",), 1)
+        gc.commit_all([mine])  # through the queue; it waited longer than slow_s (0)
+        gc.close()  # (no sequencer thread listing meanwhile)
+        looks.clear()
+        assert gc._switch.contended(gc.waiting_ids) is others
+        assert looks == ([] if others else [queue_prefix(txns_id) + "pending/"])
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((0,), ("a",)): 1, ((1,), ("a",)): 1, ((9,), ("o",)): 1}
 
 
 def test_a_lease_read_lists_from_the_latest_version_it_saw(store: Store) -> None:

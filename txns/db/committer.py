@@ -57,8 +57,8 @@ QUEUE_AFTER_LOST_S = 1.0
 QUEUE_PROBE_S = 0.5
 """A committer committing directly looks (one listing) whether others' transactions wait in the queue this often."""
 QUEUED_SLOW_S = 0.25
-"""A queued commit that waited longer than this keeps write-only groups queued for ``QUEUE_AFTER_LOST_S`` more
-(contention goes on: no look at the queue before the next commit)."""
+"""A queued commit that waited longer than this, while other processes use the queue, keeps write-only groups
+queued for ``QUEUE_AFTER_LOST_S`` more (contention goes on: no look at the queue before the next commit)."""
 UNCERTAIN_RETRIES = 3
 """A data-only commit that failed Indeterminate is committed again (at most once in effect) this many times."""
 SHARED_COMMITS_KEPT = 256
@@ -369,7 +369,7 @@ class Committer:
         except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
             self._mark_failed(group, e)
             return
-        if time.monotonic() - started > QUEUED_SLOW_S:
+        if time.monotonic() - started > QUEUED_SLOW_S and self._queue_committer.others_queued():
             # Still contended: the next write-only groups queue too, without first looking at the
             # queue (a listing per commit, when commits wait longer than the look's period).
             self._switch.lost()
