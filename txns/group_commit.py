@@ -140,17 +140,24 @@ class QueueSwitch:
     whose rounds lose every race to it. Not thread-safe: its owner's lock.
     """
 
-    def __init__(self, blob: Blob, txns_id: str, contended_s: float, probe_s: float) -> None:
+    def __init__(self, blob: Blob, txns_id: str, contended_s: float, probe_s: float, slow_s: float) -> None:
         self.blob = blob
         self.txns_id = txns_id
         self.contended_s = contended_s
         self.probe_s = probe_s
+        self.slow_s = slow_s
         self._until = 0.0  # (monotonic) contended until then
         self._probed_at = float("-inf")  # (monotonic) when the queue was last looked at
 
     def lost(self, for_s: float | None = None) -> None:
         """A direct write contended: write through the queue for ``contended_s`` (or ``for_s``) from now."""
         self._until = time.monotonic() + (self.contended_s if for_s is None else for_s)
+
+    def queued(self, waited_s: float, others: Callable[[], bool]) -> None:
+        """A commit went through the queue and waited ``waited_s``: if longer than ``slow_s`` while ``others()``
+        (other processes use the queue), contention goes on: queue for ``contended_s`` more, with no look."""
+        if waited_s > self.slow_s and others():
+            self.lost()
 
     def contended(self, mine: Callable[[], frozenset[str]] = frozenset) -> bool:
         """Whether to write through the queue now; ``mine``: the caller's own queued transactions (not others')."""
@@ -391,7 +398,7 @@ class GroupCommitter:
         self.blob = handle.client.blob
         self.prefix = queue_prefix(handle.txns_id)
         self._lock = threading.RLock()
-        self._switch = QueueSwitch(self.blob, handle.txns_id, contended_s, probe_s)
+        self._switch = QueueSwitch(self.blob, handle.txns_id, contended_s, probe_s, slow_s)
         self._synced_at = 0.0  # when a waiting writer last read the txns shard
         self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
         self._closed = False
@@ -629,10 +636,8 @@ class GroupCommitter:
         waited = time.monotonic() - started
         if polls > 0:
             self._wait_s = 0.75 * self._wait_s + 0.25 * waited
-        if waited > self.slow_s and self.others_queued():
-            # Contention goes on: the next commits queue too, without first looking at the queue.
-            with self._lock:
-                self._switch.lost()
+        with self._lock:
+            self._switch.queued(waited, self.others_queued)
         return [results[i] for i in range(len(txns))]
 
     def others_queued(self) -> bool:

@@ -169,7 +169,7 @@ class Committer:
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
         #: whether write-only groups go straight to the queue (a lost race lately, or others waiting there)
-        self._switch = QueueSwitch(client.blob, handle.txns_id, QUEUE_AFTER_LOST_S, QUEUE_PROBE_S)
+        self._switch = QueueSwitch(client.blob, handle.txns_id, QUEUE_AFTER_LOST_S, QUEUE_PROBE_S, QUEUED_SLOW_S)
 
     def shared_commits(self) -> list[int]:
         """The recent times at which a group of two or more transactions committed (oldest first)."""
@@ -369,10 +369,8 @@ class Committer:
         except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
             self._mark_failed(group, e)
             return
-        if time.monotonic() - started > QUEUED_SLOW_S and self._queue_committer.others_queued():
-            # Still contended: the next write-only groups queue too, without first looking at the
-            # queue (a listing per commit, when commits wait longer than the look's period).
-            self._switch.lost()
+        # (still contended: the next write-only groups queue without a look at the queue first)
+        self._switch.queued(time.monotonic() - started, self._queue_committer.others_queued)
         self._mark_committed(group, [a.commit_ts for a in applied])
 
     def _form_group(self, members: list[_Pending], upper: int) -> list[_Pending]:
