@@ -35,7 +35,7 @@ from persist.errors import (
     operation,
 )
 from persist.location import Blob
-from persist.manifest import replan
+from persist.manifest import REPLAN_ATTEMPTS, replan
 from persist.schema import CLOSED, Schema, check_ts, check_upper
 from persist.shard import ShardView
 
@@ -311,22 +311,32 @@ class WriteHandle:
         A missing input part is ``CorruptObject`` if the shard still references
         it; if another compaction replaced it meanwhile (``PartRetired``: a
         stale plan, not a failure), the merge is planned again on a fresh
-        state (:func:`persist.manifest.replan`).
+        state (:func:`persist.manifest.replan`). A merge that lost its write to
+        another compaction (an append's maintenance) is made again from the
+        state that won, up to ``REPLAN_ATTEMPTS`` times: that compaction merged
+        only some batches, at its own (maybe older) since.
         """
         return replan(self._compact_all)
 
     def _compact_all(self) -> dict[str, Any]:
         state = self.shard.fetch()
         before = _counts(state)
-        batches = list(state.batches)
         merged_all = False
-        if len(batches) >= 2 or (batches and batches[0].since < state.since and batches[0].rows):
-            if sum(b.size for b in batches) <= self.config.compaction_max_bytes:
-                with operation("compact"):
-                    merged = self._merge(batches, state.since)
-                    merged_all = apply_merged(self.blob, self._machine, batches, merged, self.config)
-            else:
+        for attempt in range(1, REPLAN_ATTEMPTS + 1):
+            batches = list(state.batches)
+            if not (len(batches) >= 2 or (batches and batches[0].since < state.since and batches[0].rows)):
+                break
+            if sum(b.size for b in batches) > self.config.compaction_max_bytes:
                 self.compact(max_rounds=16)
+                break
+            with operation("compact"):
+                merged = self._merge(batches, state.since)
+                merged_all = apply_merged(self.blob, self._machine, batches, merged, self.config)
+            if merged_all or attempt == REPLAN_ATTEMPTS:
+                break
+            # another compaction (an append's maintenance, say) replaced some of the inputs first: that one
+            # merged at its own since, maybe older than ours, so merge what the shard holds now
+            state = self.shard.fetch()
         self.collect_garbage()
         state = self.shard.fetch()
         return {"before": before, "after": _counts(state), "since": state.since, "merged_all": merged_all}

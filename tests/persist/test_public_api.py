@@ -6,6 +6,7 @@ These are what the layers above use instead of persist's internals (docs/index.m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
@@ -22,7 +23,9 @@ from persist import (
     ShardId,
     replan,
 )
+from persist.location import Blob
 from persist.manifest import fetch_part, read_run
+from persist.unreliable import CountingBlob
 from tests.helpers import mem_url
 
 SCHEMA = Schema(key=pa.schema([("k", pa.int64())]), val=pa.schema([("v", pa.string())]))
@@ -145,3 +148,38 @@ def test_compact_all_reports_a_lost_part_as_corrupt_not_as_an_internal_error() -
         w.compact_all()
     after = w.shard.fetch()
     assert (after.seqno, after.batches) == (before.seqno, before.batches), "nothing applied"
+
+
+class _RaceOnFirstPart(CountingBlob):
+    """Runs ``race()`` (once armed) just before the first part is written: between a merge's read and its write."""
+
+    def __init__(self, inner: Blob) -> None:
+        super().__init__(inner)
+        self.race: Callable[[], None] | None = None
+
+    def set(self, key: str, value: bytes) -> None:
+        race, self.race = self.race, None
+        if race is not None and "/parts/" in key:
+            race()
+        else:
+            self.race = race
+        super().set(key, value)
+
+
+def test_compact_all_merges_again_when_another_compaction_wins_its_write() -> None:
+    """An append's maintenance that merges some batches first must not leave compact_all's shard unmerged."""
+    client, sid = _shard_with_parts(rows=4)
+    blob = _RaceOnFirstPart(client.blob)
+    racing = PersistClient(replace(client.location, blob=blob), client.config)
+    other = client.open_writer(sid, SCHEMA)  # (through the plain blob: the race runs once)
+
+    def race() -> None:
+        other.compact_all()  # replaces every batch compact_all read ...
+        other.compare_and_append([(((9,), ("v9",)), 4, 1)], 4, 5)  # ... and one more arrives
+
+    blob.race = race
+    report = racing.open_writer(sid, SCHEMA).compact_all()
+    assert blob.race is None, "the race ran"
+    state = client.open_writer(sid, SCHEMA).shard.fetch()
+    assert report["merged_all"] and len(state.batches) == 1
+    assert state.batches[0].rows == 5  # (distinct keys: nothing consolidates away)
