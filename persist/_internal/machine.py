@@ -24,6 +24,14 @@ Invariants kept here:
   read state; transitions recognise their own earlier success (writer
   tokens, ids), so a write that happened but reported a timeout is neither
   repeated nor lost.
+- Within a process, writes to one shard take turns (``Machine._turn``,
+  held from the transition through its compare-and-set): threads sharing a
+  client never race each other at storage, and the next writer runs its
+  transition on the state the last one wrote and remembered. (A race
+  between them cost a lost compare-and-set and a read of the head: a
+  database's background apply and maintenance, writing the txns shard
+  between two commits of its own process, cost 0.4 lost races per commit.)
+  The turn is per process only; other processes race as before.
 """
 
 from __future__ import annotations
@@ -65,6 +73,8 @@ class Machine:
         self.config = config
         self._state: ShardState | None = None
         self._lock = threading.Lock()
+        # (an RLock: a transition or ``ready`` may write this shard again; no known caller does)
+        self._turn = threading.RLock()  # one writer at a time in this process: see the module doc
         self._observed_at = 0.0  # monotonic time the cached seqno was known to be the head
 
     # ---- reading ---------------------------------------------------------------
@@ -182,13 +192,25 @@ class Machine:
         first compare-and-set that can land (:meth:`Consensus.compare_and_set_after`:
         a backend may prepare the write meanwhile). Not called when nothing
         is written (the transition aborted, or changed nothing). If it
-        raises, nothing was written and its exception propagates.
+        raises, nothing was written and its exception propagates. It runs
+        in this call's turn: it must not wait for another thread's write
+        to this shard.
 
         Outcome rule (see :mod:`persist.errors`): once a compare-and-set of
         this call may have reached storage, every later storage failure of
         the call is raised as ``Indeterminate``, whatever failed last (a
         read's failure included).
         """
+        with self._turn:
+            result, truncate = self._apply(transition, ready)
+        if truncate:
+            self.truncate_old_versions()  # (out of the turn: deletes that need not hold up the next write)
+        return result
+
+    def _apply(
+        self, transition: Callable[[ShardState], tuple[T, bool]], ready: Callable[[], None] | None
+    ) -> tuple[T, bool]:
+        """:meth:`apply`, in its turn; also whether old versions are due to be truncated."""
         deadline = time.monotonic() + self.config.retry_deadline_s
         may_have_written = False  # whether a CAS of this call may have landed
         ready_done = False  # whether ``ready`` returned
@@ -224,7 +246,7 @@ class Machine:
                     state, fresh = self.fetch(), True
                     continue
                 if not changed:
-                    return result  # (after a landed CAS: the transition saw its own token)
+                    return result, False  # (after a landed CAS: the transition saw its own token)
                 seqno = 1 if state.seqno is None else state.seqno + 1
                 leased, writers = len(new.leased), len(new.writers)
                 new.maintain(now, seqno, int(self.config.consensus_retention_s * 1000 / 4))
@@ -263,9 +285,7 @@ class Machine:
                     metrics.count(metrics.WRITER_LEASES_LAPSED, lapsed[1])
                     new.seqno, new.chain = seqno, chain
                     self._remember(new, started)
-                    if seqno % self.config.gc_every_versions == 0:
-                        self.truncate_old_versions()
-                    return result
+                    return result, seqno % self.config.gc_every_versions == 0
                 # SUBTLE: a MISMATCH may be our own write: a client library's
                 # internal retry of a CAS that landed gets "already exists".
                 # (Not one found before ``ready`` was called: nothing was written.)
