@@ -333,6 +333,7 @@ class _Waiting:
         self.txn = txn
         self.outcome: TxnApply | BaseException | None = None
         self.lost = False  # its direct write lost a race: the queue next
+        self.alone = False  # commits in a write of its own (a joined write failed on someone's usage error)
 
 
 class GroupCommitter:
@@ -484,12 +485,18 @@ class GroupCommitter:
         process cost one write per round, not T. Each member's outcome is set
         on its ``_Waiting``; a lost race leaves them all unset (each then
         goes through the queue), an error that may have landed the write
-        marks every member uncertain (a later commit of it looks it up).
+        marks every member uncertain (a later commit of it looks it up). A
+        joined write that failed with nothing written and not on storage (a
+        usage error, such as a member writing a forgotten shard) may be any
+        member's fault: then each commits alone, so only its own error
+        reaches a thread.
         """
         h = self.handle
         with self._pending_lock:
-            others = [w for w in self._pending if w is not leader and w.outcome is None and w.txn.joinable]
-            others = others[: MAX_GROUP - 1]
+            others = [
+                w for w in self._pending if w is not leader and w.outcome is None and not w.alone and w.txn.joinable
+            ]
+            others = [] if leader.alone else others[: MAX_GROUP - 1]
         group = [leader, *others]
         base = leader.txn
         h.cache.sync_cached()
@@ -508,6 +515,11 @@ class GroupCommitter:
                 w.lost = True
             return
         except BaseException as e:  # noqa: BLE001 - each member's outcome, raised in its thread
+            if others and not base.uncertain and isinstance(e, Exception) and not isinstance(e, ExternalError):
+                for w in group:
+                    w.alone = True  # (the others, still pending, each lead a write of their own when their turn comes)
+                self._commit_direct(leader)
+                return
             for w in others:
                 w.txn.uncertain = w.txn.uncertain or base.uncertain
             for w in group:

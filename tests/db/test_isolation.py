@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -13,7 +15,9 @@ import txns
 from persist import InvalidUsage
 from tests.isolation import workload
 from tests.isolation.checker import check
+from txns import TxnsHandle
 from txns.db import committer as committer_module
+from txns.errors import NotRegistered
 from txns.db.oracle import LocalOracle, Timeline
 
 ACCOUNTS = pa.schema([("account", pa.string()), ("balance", pa.int64())])
@@ -419,3 +423,63 @@ def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url
     assert len(out) == 16 and min(out) >= committed
     assert oracle.head_reads - before == 2  # the held read, then one for every caller that waited
     db.close()
+
+
+def test_a_group_failing_on_one_members_usage_error_commits_the_others(db: txns.Database) -> None:
+    """Two threads' commits in one group: one writes a table whose shard was forgotten (NotRegistered at
+    the write), the other commits; only the first caller sees the error."""
+    schema = pa.schema([("i", pa.int64())])
+    db.create_table("good", schema)
+    db.create_table("gone", schema)
+    gone_id = db.entry("gone", db.latest()).data_id
+    other = TxnsHandle.open(db.client, db.handle.txns_id)
+    other.forget(other.upper, [gone_id])  # (as a retired drop's would, with the catalog not told)
+    other.close()
+    outcomes: dict[str, object] = {}
+    in_flight = threading.Event()
+    queued: list[int] = []  # (how many waited in the committer's queue when the first write went on)
+    consensus = db.client.consensus
+    cas, cas_after = consensus.compare_and_set, consensus.compare_and_set_after
+
+    def gate(key: str) -> None:
+        # the first commit's write waits until both others queue behind it: the next group holds both
+        if key == db.handle.txns_id and threading.current_thread().name == "first" and not in_flight.is_set():
+            in_flight.set()
+            deadline = time.monotonic() + 30
+            while len(db.committer._queue) < 3 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            queued.append(len(db.committer._queue))
+
+    def gated_cas(key: str, *args: Any) -> object:
+        gate(key)
+        return cas(key, *args)
+
+    def gated_cas_after(key: str, *args: Any) -> object:
+        gate(key)
+        return cas_after(key, *args)
+
+    consensus.compare_and_set = gated_cas  # type: ignore[method-assign]
+    consensus.compare_and_set_after = gated_cas_after  # type: ignore[method-assign]
+
+    def commit(t: txns.Transaction, name: str) -> None:
+        try:
+            outcomes[name] = t.commit()
+        except Exception as e:  # noqa: BLE001 - the outcome under test
+            outcomes[name] = e
+
+    staged = {}
+    for name, i in (("good", 0), ("gone", 1), ("good", 2)):  # (built first: only their commits run in threads)
+        staged[f"{name}{i}"] = t = db.transaction()
+        t.insert(name, [{"i": i}])
+    first = threading.Thread(target=commit, args=(staged["good0"], "good0"), name="first")
+    first.start()
+    assert in_flight.wait(30)
+    threads = [first, *(threading.Thread(target=commit, args=(staged[n], n)) for n in ("gone1", "good2"))]
+    for th in threads[1:]:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert queued == [3]
+    assert isinstance(outcomes["gone1"], NotRegistered), outcomes
+    assert isinstance(outcomes["good0"], txns.CommitInfo) and isinstance(outcomes["good2"], txns.CommitInfo), outcomes
+    assert sorted(r["i"] for r in db.table("good").to_arrow().to_pylist()) == [0, 2]

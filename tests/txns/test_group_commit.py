@@ -19,6 +19,7 @@ from persist.unreliable import Fault, Faults, Op
 from tests.helpers import file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
 from txns import TxnsHandle
+from txns.errors import NotRegistered
 from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, SequencerLease, lease_key, queue_prefix
 from txns.txn import Txn
 
@@ -612,3 +613,37 @@ def test_a_lease_read_lists_from_the_latest_version_it_saw(store: Store) -> None
     assert not reader.hold(fresh=True)
     # (nothing seen before the first two reads; the third lists from version 7, which the second read)
     assert hints == [None, None, 7]
+
+
+def test_a_joined_direct_write_failing_on_one_members_usage_error_commits_the_others(store: Store) -> None:
+    """Threads joined to one direct write: a member writing a forgotten shard gets NotRegistered, the others commit."""
+    client = store.client()
+    txns_id, ds = _setup(client, 2)
+    h = TxnsHandle.open(client, txns_id)
+    h.forget(h.upper, [ds[1]])
+    gc = GroupCommitter(h, slow_s=3600)
+    good, bad = h.begin(), h.begin()
+    good.write(ds[0], (1,), ("good",), 1)
+    bad.write(ds[1], (2,), ("bad",), 1)
+    outcomes: dict[str, object] = {}
+
+    def run(txn: Txn) -> None:
+        try:
+            outcomes[txn.id] = gc.commit(txn).commit_ts
+        except Exception as e:  # noqa: BLE001 - the outcome under test
+            outcomes[txn.id] = e
+
+    with gc._lock:  # (both wait for the lock: whichever takes it first joins the other to its write)
+        threads = [threading.Thread(target=run, args=(t,)) for t in (bad, good)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(gc._pending) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(gc._pending) == 2
+    for t in threads:
+        t.join(30)
+    gc.close()
+    assert isinstance(outcomes[bad.id], NotRegistered), outcomes
+    assert isinstance(outcomes[good.id], int), outcomes
+    assert _contents(store.client(), txns_id, ds[:1])[ds[0]] == {((1,), ("good",)): 1}
