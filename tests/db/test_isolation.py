@@ -17,8 +17,8 @@ from tests.isolation import workload
 from tests.isolation.checker import check
 from txns import TxnsHandle
 from txns.db import committer as committer_module
-from txns.errors import NotRegistered
 from txns.db.oracle import LocalOracle, Timeline
+from txns.errors import NotRegistered
 
 ACCOUNTS = pa.schema([("account", pa.string()), ("balance", pa.int64())])
 

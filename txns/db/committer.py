@@ -312,16 +312,16 @@ class Committer:
                 backoff(uncertain_tries)
                 continue
             except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
-                if len(group) > 1 and not base.uncertain and isinstance(e, Exception):
-                    if not isinstance(e, ExternalError):
-                        # Nothing was written, and a usage error (a member writing a shard forgotten
-                        # meanwhile, say) may be any member's own: each commits alone, so that only
-                        # its own error reaches a caller.
-                        base.join([])
-                        base.drop_tidy()  # (later applies find those entries again)
-                        for q in group:
-                            self._commit_group([q])
-                        return
+                usage = isinstance(e, Exception) and not isinstance(e, ExternalError)
+                if len(group) > 1 and not base.uncertain and usage:
+                    # Nothing was written, and a usage error (a member writing a shard forgotten
+                    # meanwhile, say) may be any member's own: each commits alone, so that only
+                    # its own error reaches a caller.
+                    base.join([])
+                    base.drop_tidy()  # (later applies find those entries again)
+                    for q in group:
+                        self._commit_group([q])
+                    return
                 self._mark_failed(group, e)
                 return
             break
