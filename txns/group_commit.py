@@ -33,7 +33,9 @@ through a **queue** when there is contention:
    then releases the lease, so under steady contention the sequencer stays
    put. Waiting writers read the lease every fourth poll and take it when
    it is free or lapsed (a killed sequencer is replaced within ``lease_ms``).
-   A round of the sequencer lists the queue, reads the new objects, takes
+   A round of the sequencer lists the queue (not for its own process's
+   handed transactions within ``LOCAL_ROUND_LIST_S`` of a listing that
+   found it empty), reads the new objects, takes
    its view of the txns shard (upper ``U``; a stale view fails the write,
    which then reads the state and checks again), drops what already
    committed, and commits everything else in **one** conditional write at ``ts_fn(U)``, checking on
@@ -113,6 +115,9 @@ LOCAL = "local/"
 QUEUE_IO_THREADS = 32
 """A committer reads (as sequencer) and deletes queued objects this many at a time (each a request of tens of ms
 on S3: a round of 100 transactions read 4 at a time took over a second)."""
+LOCAL_ROUND_LIST_S = 0.1
+"""A round for transactions handed over in memory skips listing the queue if the last listing, less than this
+long ago, found it empty (a transaction another process queues meanwhile waits at most this much longer)."""
 MAX_LEAD_S = 0.5
 """A round's write leads ``ts_fn`` by at most this long (see :meth:`GroupCommitter._round_ts`)."""
 
@@ -404,6 +409,8 @@ class GroupCommitter:
         self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
         self._closed = False
         self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key (LOCAL...: handed)
+        self._listed_at = float("-inf")  # (monotonic) when a round last listed the queue
+        self._listed_objects = True  # whether that listing found queued objects
         self._doomed: list[str] = []  # queued objects this round found committed (or failed): deleted at its end
         self._foreign_at = float("-inf")  # (monotonic) when a round last committed another process's transaction
         self._wake = threading.Event()  # set when a transaction is handed to this process's sequencer thread
@@ -785,10 +792,15 @@ class GroupCommitter:
 
     def _round_once(self) -> int:
         h = self.handle
-        keys = sorted(retry_storage(lambda: list(self.blob.list_keys(f"{self.prefix}pending/")), self._deadline_s))
-        listed = set(keys)
-        self._bodies = {k: v for k, v in self._bodies.items() if k in listed or k.startswith(LOCAL)}
-        new = [k for k in keys if k not in self._bodies]
+        now = time.monotonic()
+        new: list[str] = []
+        local = any(k.startswith(LOCAL) for k in self._bodies)
+        if not (local and not self._listed_objects and now - self._listed_at < LOCAL_ROUND_LIST_S):
+            keys = sorted(retry_storage(lambda: list(self.blob.list_keys(f"{self.prefix}pending/")), self._deadline_s))
+            self._listed_at, self._listed_objects = now, bool(keys)
+            listed = set(keys)
+            self._bodies = {k: v for k, v in self._bodies.items() if k in listed or k.startswith(LOCAL)}
+            new = [k for k in keys if k not in self._bodies]
 
         def get(k: str) -> bytes | None:
             return retry_storage(lambda: self.blob.get(k), self._deadline_s)

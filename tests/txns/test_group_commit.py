@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from persist.unreliable import Fault, Faults, Op
 from tests.helpers import file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
 from txns import TxnsHandle
+from txns import group_commit as group_commit_module
 from txns.errors import NotRegistered
 from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, SequencerLease, lease_key, queue_prefix
 from txns.txn import Txn
@@ -647,3 +649,42 @@ def test_a_joined_direct_write_failing_on_one_members_usage_error_commits_the_ot
     assert isinstance(outcomes[bad.id], NotRegistered), outcomes
     assert isinstance(outcomes[good.id], int), outcomes
     assert _contents(store.client(), txns_id, ds[:1])[ds[0]] == {((1,), ("good",)): 1}
+
+
+def test_rounds_for_handed_transactions_skip_listing_a_queue_found_empty(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sequencer's rounds for its own process's transactions (handed over in memory) list the queue only if
+    the last listing found objects or is older than LOCAL_ROUND_LIST_S; another process's object still commits."""
+    monkeypatch.setattr(group_commit_module, "LOCAL_ROUND_LIST_S", 60.0)
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    lists: list[str] = []
+    real = client.blob.list_keys
+
+    def counting(prefix: str) -> Iterator[str]:
+        if prefix.startswith(queue_prefix(txns_id) + "pending/"):
+            lists.append(prefix)
+        return real(prefix)
+
+    client.blob.list_keys = counting  # type: ignore[method-assign]
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=30)
+    first = gc.handle.begin()
+    first.write(ds[0], (0,), ("a",), 1)
+    gc.commit(first)  # (takes the lease: this process now sequences, in a background thread)
+    while gc.rounds < 2:  # (the thread's next round listed the queue and found it empty)
+        time.sleep(0.01)
+    before = len(lists)
+    for n in range(1, 6):
+        txn = gc.handle.begin()
+        txn.write(ds[0], (n,), ("a",), 1)
+        gc.commit(txn)
+    assert gc.handed == 5
+    assert len(lists) - before < 5, "a round per handed transaction listed the queue"  # (idle polls may list)
+    other = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False)
+    foreign = other.handle.begin()
+    foreign.write(ds[0], (9,), ("f",), 1)
+    assert other.commit(foreign).commit_ts > 0  # (queued: the sequencer's next listing finds it)
+    other.close()
+    gc.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {**{((n,), ("a",)): 1 for n in range(6)}, ((9,), ("f",)): 1}
