@@ -522,7 +522,7 @@ class GroupCommitter:
                 w.lost = True
             return
         except BaseException as e:  # noqa: BLE001 - each member's outcome, raised in its thread
-            if others and not base.uncertain and isinstance(e, Exception) and not isinstance(e, ExternalError):
+            if others and base.failed_on_usage(e):
                 for w in group:
                     w.alone = True  # (the others, still pending, each lead a write of their own when their turn comes)
                 self._commit_direct(leader)

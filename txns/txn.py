@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persist import Batch, BatchBuilder, InvalidUsage, Schema, SchemaMismatch, finish_all, frame, unframe
+from persist import Batch, BatchBuilder, ExternalError, InvalidUsage, Schema, SchemaMismatch, finish_all, frame, unframe
 from persist.errors import operation
 from persist.schema import DIFF_MAX, DIFF_MIN, check_row, check_ts
 from txns.commits import COMMIT_RECORD_MAX_BYTES
@@ -230,6 +230,12 @@ class Txn:
         """Whether this transaction may join another's write (:meth:`join`): it registers, tidies and waits
         for nothing, is not uncertain (its own look-up would be skipped) and has not committed."""
         return not (self._register or self._tidy.entries or self._ready or self._uncertain or self._committed)
+
+    def failed_on_usage(self, e: BaseException) -> bool:
+        """Whether this transaction's commit, which raised ``e``, wrote nothing and failed on a usage error
+        (not storage's: a shard not registered, say). With others joined (:meth:`join`), that may be any
+        member's fault, so a caller may commit each member alone, only the one at fault failing again."""
+        return not self._uncertain and isinstance(e, Exception) and not isinstance(e, ExternalError)
 
     def tidy(self, tidy: Tidy) -> None:
         """Retract these applied entries as part of this transaction's commit."""

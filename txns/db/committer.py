@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from persist import ExternalError, Indeterminate, PersistClient, Schema, backoff
+from persist import Indeterminate, PersistClient, Schema, backoff
 from txns.db import clock
 from txns.db.catalog import TableEntry
 from txns.db.errors import TransactionConflict
@@ -312,11 +312,8 @@ class Committer:
                 backoff(uncertain_tries)
                 continue
             except BaseException as e:  # noqa: BLE001 - each member's outcome; raised in its thread
-                usage = isinstance(e, Exception) and not isinstance(e, ExternalError)
-                if len(group) > 1 and not base.uncertain and usage:
-                    # Nothing was written, and a usage error (a member writing a shard forgotten
-                    # meanwhile, say) may be any member's own: each commits alone, so that only
-                    # its own error reaches a caller.
+                if len(group) > 1 and base.failed_on_usage(e):
+                    # (each member commits alone, so that only its own error reaches a caller)
                     base.join([])
                     base.drop_tidy()  # (later applies find those entries again)
                     for q in group:
