@@ -22,7 +22,10 @@ through a **queue** when there is contention:
    a time >= it), and whether the transaction is *uncertain* (an earlier
    attempt may have landed, or its id was chosen by the caller). In the
    process that sequences, it is handed to the sequencer thread in memory
-   instead (no object); should that thread stop first, the writer PUTs it.
+   instead (no object); should that thread stop first, the writer PUTs it,
+   and so does the sequencer once a round's write of it lost to another
+   commit (so that direct writers, which yield only to objects they find
+   in the queue, see it: step 1).
 3. **Sequence.** One process at a time is the sequencer: it holds a lease,
    the consensus key ``{txns_id}-sequencer``, taken by a compare-and-set when
    absent, released or lapsed (``lease_ms`` after its last renewal, which the
@@ -428,6 +431,7 @@ class GroupCommitter:
         self.rounds = 0
         self.grouped = 0
         self.handed = 0  # transactions of this process handed to its own sequencer in memory (not PUT)
+        self.published = 0  # handed transactions queued (PUT) after their round's write lost (_publish_handed)
 
     def close(self) -> None:
         """Stop sequencing, release the lease if held and finish pending deletes (the handle stays open)."""
@@ -879,6 +883,7 @@ class GroupCommitter:
                 self._wrote(picked, lost=True)
                 log.debug("group commit round of %d at %d lost to %d (attempt %d, %.0f ms after picking its time)",
                           len(members), ts, e.upper, attempt, 1000 * (time.monotonic() - picked))
+                members = self._publish_handed(members)
             except (ExternalError, NotRegistered) as e:
                 log.debug("group commit round at %d deferred: %s", ts, e)  # the next round checks again
                 return 0
@@ -895,6 +900,34 @@ class GroupCommitter:
             self._delete(k)
         self.grouped += len(members)
         return len(members)
+
+    def _publish_handed(self, members: list[tuple[str, Txn]]) -> list[tuple[str, Txn]]:
+        """Queue (PUT) the handed-over transactions among ``members`` after their round's write lost; the
+        members again, under their new keys.
+
+        A direct writer yields to the queue only when it finds objects there
+        (``QueueSwitch.contended`` lists it), and a transaction handed over in
+        memory has none: a direct writer whose writes kept winning starved
+        it (17 s at 2 processes on moto), round after round losing to it. The
+        object is the transaction as the round checked it (not committed
+        below its ``seen_upper``: its writes so far took no time), so any
+        sequencer may commit it from here, under the usual check; this one
+        keeps it under the object's key (no re-read), deletes the object once
+        it commits, and the waiting writer learns its time as before.
+        """
+        out: list[tuple[str, Txn]] = []
+        for k, t in members:
+            q = self._bodies.get(k) if k.startswith(LOCAL) else None
+            if q is None:
+                out.append((k, t))
+                continue
+            self._enqueue(q)  # (a storage failure leaves it handed, and ends the round: its caller runs another)
+            key = f"{self.prefix}pending/{q.txn_id}"
+            del self._bodies[k]
+            self._bodies[key] = q
+            self.published += 1
+            out.append((key, t))
+        return out
 
     def _round_ts(self) -> int:
         """The time a round writes at: ``ts_fn`` of the upper, led by how long its write takes once one lost.

@@ -10,12 +10,13 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from persist import InvalidUsage, PersistClient
+from persist.location import CaSResult
 from persist.unreliable import Fault, Faults, Op
 from tests.helpers import file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
@@ -205,6 +206,64 @@ def test_a_handed_transaction_is_queued_when_its_sequencer_loses_the_lease(store
     other.close()
     gc.close()
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((0,), ("a",)): 1, ((1,), ("h",)): 1}
+
+
+def test_a_handed_transaction_whose_round_lost_is_queued_where_direct_writers_look(store: Store) -> None:
+    """A direct writer yields only to objects it finds in the queue (``QueueSwitch.contended``), and a
+    transaction handed to its process's sequencer in memory has none: after its round's write loses, the
+    sequencer queues it (PUT), so the winner yields; it still commits once, and its object goes."""
+    client = store.client()
+    txns_id, ds = _setup(client, 2)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=30)
+    first = gc.handle.begin()
+    first.write(ds[0], (0,), ("a",), 1)
+    gc.commit(first)  # (queued by PUT: nobody sequenced yet; now this process does)
+    assert gc._serving is not None
+    other = TxnsHandle.open(store.client(), txns_id)  # a direct writer in another process
+    wins = [2]  # the direct writer lands a commit right before each of the sequencer's next two writes
+    seen: list[bool] = []  # (whether the queue showed work to direct writers at each of them)
+    consensus = client.consensus
+    cas, cas_after = consensus.compare_and_set, consensus.compare_and_set_after
+
+    def gate(key: str) -> None:
+        if key == txns_id and threading.current_thread().name == "txns-sequencer" and wins[0] > 0:
+            seen.append(group_commit_module.queue_has_work(client.blob, txns_id))
+            t = other.begin()
+            t.write(ds[1], (wins[0],), ("o",), 1)
+            other.commit(t)
+            wins[0] -= 1
+
+    inside = threading.local()  # (compare_and_set_after calls compare_and_set: one write, one gate)
+
+    def gated(call: Callable[..., CaSResult]) -> Callable[..., CaSResult]:
+        def run(key: str, *args: object) -> CaSResult:
+            if getattr(inside, "on", False):
+                return call(key, *args)
+            gate(key)
+            inside.on = True
+            try:
+                return call(key, *args)
+            finally:
+                inside.on = False
+
+        return run
+
+    consensus.compare_and_set = gated(cas)  # type: ignore[method-assign]
+    consensus.compare_and_set_after = gated(cas_after)  # type: ignore[method-assign]
+    txn = gc.handle.begin()
+    txn.write(ds[0], (1,), ("h",), 1)
+    gc.commit(txn)  # handed over in memory; its round's first write loses
+    assert gc.handed == 1 and gc.published == 1
+    assert seen == [False, True]  # no object while handed; queued once its write lost
+    deadline = time.monotonic() + 30
+    while group_commit_module.queue_has_work(client.blob, txns_id):  # (deleted once committed)
+        assert time.monotonic() < deadline, "the committed transaction's object stayed queued"
+        time.sleep(0.02)
+    gc.close()
+    other.close()
+    contents = _contents(store.client(), txns_id, ds)
+    assert contents[ds[0]] == {((0,), ("a",)): 1, ((1,), ("h",)): 1}
+    assert contents[ds[1]] == {((1,), ("o",)): 1, ((2,), ("o",)): 1}
 
 
 def test_threads_of_one_process_join_one_direct_write_each_committed_once(store: Store) -> None:
