@@ -718,16 +718,29 @@ def test_rounds_for_handed_transactions_skip_listing_a_queue_found_empty(
     monkeypatch.setattr(group_commit_module, "LOCAL_ROUND_LIST_S", 60.0)
     client = store.client()
     txns_id, ds = _setup(client, 1)
-    lists: list[str] = []
+    lists: list[str] = []  # (listings of the queue made by rounds that had handed transactions)
     real = client.blob.list_keys
+    in_handed_round = threading.local()
 
     def counting(prefix: str) -> Iterator[str]:
-        if prefix.startswith(queue_prefix(txns_id) + "pending/"):
+        if prefix.startswith(queue_prefix(txns_id) + "pending/") and getattr(in_handed_round, "on", False):
             lists.append(prefix)
         return real(prefix)
 
     client.blob.list_keys = counting  # type: ignore[method-assign]
     gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=30)
+    real_round = gc._round_once
+
+    def round_once() -> int:
+        # (only rounds for handed transactions count: the rounds an idle sequencer polls with list the queue,
+        # and how many of those run between two commits depends on the machine's load)
+        in_handed_round.on = any(k.startswith(group_commit_module.LOCAL) for k in gc._bodies)
+        try:
+            return real_round()
+        finally:
+            in_handed_round.on = False
+
+    gc._round_once = round_once  # type: ignore[method-assign]
     first = gc.handle.begin()
     first.write(ds[0], (0,), ("a",), 1)
     gc.commit(first)  # (takes the lease: this process now sequences, in a background thread)
@@ -739,7 +752,7 @@ def test_rounds_for_handed_transactions_skip_listing_a_queue_found_empty(
         txn.write(ds[0], (n,), ("a",), 1)
         gc.commit(txn)
     assert gc.handed == 5
-    assert len(lists) - before < 5, "a round per handed transaction listed the queue"  # (idle polls may list)
+    assert len(lists) - before <= 1, "a round per handed transaction listed the queue"
     other = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False)
     foreign = other.handle.begin()
     foreign.write(ds[0], (9,), ("f",), 1)
