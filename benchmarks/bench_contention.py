@@ -29,7 +29,7 @@ backend API; on S3 a consensus ``head`` is 2 HTTP requests) and the CPU
 milliseconds of the worker processes (``time.process_time``, their
 background threads included; moto's server process is not included).
 
-Run: ``.venv/bin/python benchmarks/bench_contention.py`` (all stores, 1, 2,
+Run: ``.venv/bin/python benchmarks/bench_contention.py`` (file, s3model, moto; 1, 2,
 4, 8, 16 processes, 20 s windows: about 20 minutes; shorter windows at 8-16
 processes mostly measure the start of contention);
 ``--stores file --procs 1,4,8 --seconds 5`` for a quick look;
