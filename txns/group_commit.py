@@ -804,6 +804,13 @@ class GroupCommitter:
             self._listed_at, self._listed_objects = now, bool(keys)
             listed = set(keys)
             self._bodies = {k: v for k, v in self._bodies.items() if k in listed or k.startswith(LOCAL)}
+            pending = f"{self.prefix}pending/"
+            for k in keys:
+                # One body per transaction: a handed one whose PUT landed though it reported a failure
+                # (``_publish_handed``) moves to its object's key (not read in again as a second member).
+                handed = self._bodies.pop(f"{LOCAL}{k[len(pending):]}", None)
+                if handed is not None:
+                    self._bodies[k] = handed
             new = [k for k in keys if k not in self._bodies]
 
         def get(k: str) -> bytes | None:
@@ -913,7 +920,9 @@ class GroupCommitter:
         below its ``seen_upper``: its writes so far took no time), so any
         sequencer may commit it from here, under the usual check; this one
         keeps it under the object's key (no re-read), deletes the object once
-        it commits, and the waiting writer learns its time as before.
+        it commits, and the waiting writer learns its time as before. A PUT
+        that landed but reported a failure leaves it handed; the next listing
+        finds the object and moves the body to its key (one body each).
         """
         out: list[tuple[str, Txn]] = []
         for k, t in members:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from persist import InvalidUsage, PersistClient
+from persist import Indeterminate, InvalidUsage, PersistClient
 from persist.location import CaSResult
 from persist.unreliable import Fault, Faults, Op
 from tests.helpers import file_url
@@ -264,6 +264,55 @@ def test_a_handed_transaction_whose_round_lost_is_queued_where_direct_writers_lo
     contents = _contents(store.client(), txns_id, ds)
     assert contents[ds[0]] == {((0,), ("a",)): 1, ((1,), ("h",)): 1}
     assert contents[ds[1]] == {((1,), ("o",)): 1, ((2,), ("o",)): 1}
+
+
+def test_a_handed_transaction_whose_queueing_landed_but_failed_commits_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PUT that queues a handed transaction after its round lost lands but reports a failure: the next
+    round finds the object and keeps one body for it (not the handed one and the object's both), so the
+    transaction is one member of one write (its batches twice in one write read back once, so the count
+    of members is what tells)."""
+    monkeypatch.setattr(group_commit_module, "LOCAL_ROUND_LIST_S", 0.0)  # (every round lists: it finds the object)
+    client = store.client()
+    txns_id, ds = _setup(client, 2)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=30)
+    first = gc.handle.begin()
+    first.write(ds[0], (0,), ("a",), 1)
+    gc.commit(first)
+    assert gc._serving is not None
+    other = TxnsHandle.open(store.client(), txns_id)
+    wins = [1]
+    cas = client.consensus.compare_and_set_after
+
+    def gated_cas_after(key: str, *args: object) -> CaSResult:
+        if key == txns_id and threading.current_thread().name == "txns-sequencer" and wins[0] > 0:
+            wins[0] -= 1
+            t = other.begin()
+            t.write(ds[1], (1,), ("o",), 1)
+            other.commit(t)  # (lands first: the round's write loses its time)
+        return cas(key, *args)  # type: ignore[arg-type]
+
+    client.consensus.compare_and_set_after = gated_cas_after  # type: ignore[method-assign]
+    enqueue = gc._enqueue
+    failed: list[str] = []
+
+    def landed_but_failed(q: Queued) -> None:
+        enqueue(q)
+        failed.append(q.txn_id)
+        raise Indeterminate("the reply was lost")
+
+    gc._enqueue = landed_but_failed  # type: ignore[method-assign]
+    txn = gc.handle.begin()
+    txn.write(ds[0], (1,), ("h",), 1)
+    gc.commit(txn)
+    assert failed == [txn.id] and wins == [0]
+    gc.close()
+    other.close()
+    assert gc.grouped == 2  # (the two transactions, each once: not the handed one and its object's both)
+    contents = _contents(store.client(), txns_id, ds)
+    assert contents[ds[0]] == {((0,), ("a",)): 1, ((1,), ("h",)): 1}  # once, not twice
+    assert contents[ds[1]] == {((1,), ("o",)): 1}
 
 
 def test_threads_of_one_process_join_one_direct_write_each_committed_once(store: Store) -> None:
