@@ -11,6 +11,12 @@ inside the same window):
   ``txns.Abort``, upsert both): the workload of
   ``tests/db/test_starvation.py``; reported: calls/s, p99 and max latency,
   most attempts, how often a call took the run turn, and calls that gave up.
+- ``floor`` (what the machine and the store allow): each process loops
+  bare conditional PUTs (a consensus ``compare_and_set`` of the next
+  version, 1 request, no read) on a key of its own, so nothing contends
+  but the machine: the requests/s N processes get out of the store, and
+  the client CPU per request. A commit rate is bounded by this rate over
+  the requests per commit.
 
 Stores: ``moto`` (moto's S3 server in a child process, over HTTP),
 ``seaweedfs`` (a real S3 server: SeaweedFS's ``weed server`` on loopback,
@@ -142,8 +148,26 @@ def _model_requests(db: txns.Database) -> int:
     return int(model.requests) if model is not None else 0
 
 
+HTTP = [0]  # HTTP requests this process sent to S3 (every attempt; ``_count_http``)
+
+
+def _count_http() -> None:
+    """Count every HTTP request of the S3 clients this process makes from now on, into ``HTTP``."""
+    import persist.s3
+
+    make = persist.s3.make_client
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        client = make(*args, **kwargs)
+        client.meta.events.register("before-send.s3", lambda **_: HTTP.__setitem__(0, HTTP[0] + 1))
+        return client
+
+    persist.s3.make_client = counted
+
+
 def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
     rng = random.Random(wid)
+    _count_http()
     if os.environ.get("BENCH_LOG"):  # (debugging: the queue's and the applier's decisions, one file per process)
         import logging
         logging.basicConfig(filename=f"{os.environ['BENCH_LOG']}-{wid}.log", level=logging.WARNING,
@@ -152,6 +176,9 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
             logging.getLogger(name).setLevel(logging.DEBUG)
         global CALL_LOG
         CALL_LOG = logging.getLogger("bench.calls")
+    if workload == "floor":
+        _floor_worker(url, wid, ready, go, stop, out)
+        return
     db = txns.connect(url)
     # warm the process's caches and handles outside the window (the first commit opens writers)
     if workload == "transfer":
@@ -165,6 +192,7 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
     with KEY_COUNTS.lock:
         keys0 = collections.Counter(KEY_COUNTS.counts)
     req0 = _model_requests(db)
+    http0 = HTTP[0]
     cpu0 = time.process_time()
     lat: list[float] = []
     attempts: list[int] = []
@@ -218,16 +246,46 @@ def _worker(url: str, workload: str, wid: int, ready: Any, go: Any, stop: Any, o
         key = key.replace(txns_id, "TXNS")
         named[f"{op} {key if key.startswith('TXNS') else 'shard ' + key[:10]} {outcome}".strip()] += c
     out.put({"queue": queue_stats, "keys": named, "lat": lat, "cpu": cpu, "calls": calls1 - calls0,
-             "lost": lost1 - lost0, "done": done, "requests": _model_requests(db) - req0, "attempts": attempts,
+             "lost": lost1 - lost0, "done": done, "requests": _model_requests(db) - req0, "http": HTTP[0] - http0,
+             "attempts": attempts,
              "aborted": aborted, "gave_up": gave_up, "errors": errors, "turns": turns})
     db.close()
 
 
+def _floor_worker(url: str, wid: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
+    """The ``floor`` workload: bare conditional PUTs of the next version of a key of this process's own."""
+    consensus = open_location(url.removeprefix("counted+")).consensus
+    key, body = f"floor-{wid}", b"x" * 200
+    seqno = 0
+    for _ in range(3):  # (warm: the connection pool, the key's first versions)
+        if consensus.compare_and_set(key, seqno or None, body) is not CaSResult.COMMITTED:
+            raise RuntimeError(f"the floor's key {key} was written by someone else")
+        seqno += 1
+    ready.put(wid)
+    go.wait()
+    cpu0, http0 = time.process_time(), HTTP[0]
+    lat: list[float] = []
+    done = 0
+    while not stop.is_set():
+        s = time.perf_counter()
+        if consensus.compare_and_set(key, seqno, body) is not CaSResult.COMMITTED:
+            raise RuntimeError(f"the floor's key {key} was written by someone else")
+        seqno += 1
+        lat.append(time.perf_counter() - s)
+        if not stop.is_set():
+            done += 1
+    out.put({"queue": {}, "keys": collections.Counter(), "lat": lat, "cpu": time.process_time() - cpu0,
+             "calls": len(lat), "lost": 0, "done": done, "requests": 0, "http": HTTP[0] - http0,
+             "attempts": [], "aborted": 0,
+             "gave_up": 0, "errors": 0, "turns": 0})
+
+
 def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, Any]:
-    db = txns.connect(url)
-    if workload == "events":
-        db.create_table("events", pa.schema([("id", pa.string())]))
-    db.close()
+    if workload != "floor":
+        db = txns.connect(url)
+        if workload == "events":
+            db.create_table("events", pa.schema([("id", pa.string())]))
+        db.close()
     if workload == "transfer":
         make_bank(url)
     ctx = multiprocessing.get_context("spawn")
@@ -266,6 +324,7 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
         "lost": sum(r["lost"] for r in rs) / done,
         "calls": calls / done,
         "cpu_ms": 1000 * sum(r["cpu"] for r in rs) / done,
+        "http": sum(r["http"] for r in rs) / done,
         "attempts": max((a for r in rs for a in r["attempts"]), default=0),
         "aborted": sum(r["aborted"] for r in rs),
         "gave_up": sum(r["gave_up"] for r in rs),
@@ -287,7 +346,7 @@ def main() -> None:
     p.add_argument("--procs", default="1,2,4,8,16")
     # (20 s: at 8-16 processes an 8 s window mostly measured the start of contention, 1.5-4x lower)
     p.add_argument("--seconds", type=float, default=20.0)
-    p.add_argument("--workload", choices=("events", "transfer"), default="events")
+    p.add_argument("--workload", choices=("events", "transfer", "floor"), default="events")
     p.add_argument("--latency-ms", type=float, default=60.0, help="the S3 model's latency per request")
     p.add_argument("--cas-per-key-s", type=float, default=15.0, help="the S3 model's cap per key")
     p.add_argument("--breakdown", action="store_true", help="print storage calls per commit by operation and key")
@@ -319,10 +378,11 @@ def main() -> None:
                 print(f"  {store} {n}: {r}", flush=True)
                 rows.append([store, n, f"{r['per_s']:.1f}", f"{r['per_s'] / base:.2f}", r["fewest"], f"{r['p50']:.0f}",
                              f"{r['p99']:.0f}", f"{r['max']:.0f}", f"{r['lost']:.2f}", f"{r['calls']:.1f}",
-                             f"{r['cpu_ms']:.1f}", r["attempts"], r["turns"], r["gave_up"], r["errors"]])
+                             f"{r['http']:.1f}" if r["http"] else "-", f"{r['cpu_ms']:.1f}", r["attempts"], r["turns"],
+                             r["gave_up"], r["errors"]])
     print_table(
         ["store", "procs", "commits/s", "x 1 proc", "fewest", "p50 ms", "p99 ms", "max ms", "lost races/commit",
-         "requests/commit", "CPU ms/commit", "most attempts", "turns taken", "gave up", "errors"],
+         "requests/commit", "HTTP/commit", "CPU ms/commit", "most attempts", "turns taken", "gave up", "errors"],
         rows,
         title=f"{a.workload}: {a.seconds:g} s windows, load {os.getloadavg()[0]:.1f}",
     )

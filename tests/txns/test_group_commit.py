@@ -759,12 +759,48 @@ def test_a_joined_direct_write_failing_on_one_members_usage_error_commits_the_ot
     assert _contents(store.client(), txns_id, ds[:1])[ds[0]] == {((1,), ("good",)): 1}
 
 
+def test_rounds_for_handed_transactions_list_the_queue_while_another_process_queues(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a listing found another process's object, every round lists for FOUND_LATELY_S, also one for handed
+    transactions right after a listing found the queue empty: the other process's next object, put in just
+    after that listing, commits in the same write (skipped, it waited LOCAL_ROUND_LIST_S: 10 commits/s against
+    the sequencer's 140 at 2 processes on file://)."""
+    monkeypatch.setattr(group_commit_module, "LOCAL_ROUND_LIST_S", 60.0)
+    monkeypatch.setattr(group_commit_module, "FOUND_LATELY_S", 60.0)
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False)
+    other = TxnsHandle.open(store.client(), txns_id)
+    theirs = GroupCommitter(other, direct=False)
+
+    def foreign(n: int) -> None:
+        txn = other.begin()
+        txn.write(ds[0], (n,), ("theirs",), 1)
+        theirs._enqueue(_as_queued(txn, other.upper))
+
+    assert gc.lease.hold()
+    foreign(1)
+    assert gc.run_round() == 1  # (found it: another process queues)
+    assert gc.run_round() == 0  # (a listing that found the queue empty, just now)
+    foreign(2)  # (put in just after that listing)
+    mine = gc.handle.begin()
+    mine.write(ds[0], (3,), ("mine",), 1)
+    gc._bodies[f"{group_commit_module.LOCAL}{mine.id}"] = _as_queued(mine, gc.handle.cache.frontier)
+    assert gc.run_round() == 2, "the round for the handed transaction did not list the queue"
+    theirs.close()
+    gc.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("theirs",)): 1, ((2,), ("theirs",)): 1,
+                                                            ((3,), ("mine",)): 1}
+
+
 def test_rounds_for_handed_transactions_skip_listing_a_queue_found_empty(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sequencer's rounds for its own process's transactions (handed over in memory) list the queue only if
     the last listing found objects or is older than LOCAL_ROUND_LIST_S; another process's object still commits."""
     monkeypatch.setattr(group_commit_module, "LOCAL_ROUND_LIST_S", 60.0)
+    monkeypatch.setattr(group_commit_module, "FOUND_LATELY_S", 0.0)  # (the first commit's own object: not lately)
     client = store.client()
     txns_id, ds = _setup(client, 1)
     lists: list[str] = []  # (listings of the queue made by rounds that had handed transactions)
