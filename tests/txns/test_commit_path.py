@@ -107,6 +107,40 @@ def test_maintenance_can_leave_the_commit_path(opened) -> None:
     assert len(h.snapshot(d, 11)) == 10
 
 
+def test_maintenance_compacts_the_txns_shard_once_it_holds_txns_maintain_batches(opened, monkeypatch) -> None:
+    """``maintain`` (the database's worker, after its applies) merges the txns shard's small batches several at
+    a time: below ``TXNS_MAINTAIN_BATCHES`` it writes nothing there (each merge is a conditional write on the
+    key every commit contends for), at it the tail is merged in one write."""
+    client, h = opened
+    monkeypatch.setattr(handle_module, "COMPACT_TO_EVERY_S", 3600.0)  # (only the compaction writes here)
+    h.maintain()  # (the first compact_to)
+    d = str(ShardId.new())
+    h.register(h.upper, {d: SCHEMA})
+    h.maintain_on_commit = False
+    ts = h.upper
+    n = handle_module.TXNS_MAINTAIN_BATCHES
+
+    def commit() -> None:
+        nonlocal ts
+        txn = h.begin()
+        txn.write(d, (ts,), ("v",), 1)
+        txn.commit_at(h, ts)
+        ts += 1
+
+    while len(client.shard(h.txns_id).fetch().batches) < n - 1:
+        commit()
+    before = _cas_count(client, h.txns_id)
+    h.maintain()
+    assert _cas_count(client, h.txns_id) == before, "maintenance wrote the txns shard below the threshold"
+    commit()
+    piled = len(client.shard(h.txns_id).fetch().batches)
+    assert piled >= n
+    before = _cas_count(client, h.txns_id)
+    h.maintain()
+    assert len(client.shard(h.txns_id).fetch().batches) < piled
+    assert _cas_count(client, h.txns_id) - before <= 2  # (the tail in one merge; the policy may ask one more)
+
+
 def test_maintenance_moves_the_txns_since_at_most_every_compact_to_every_s(opened, monkeypatch) -> None:
     """``maintain`` after every apply (the database's worker) does not make every call a write on the txns shard."""
     _client, h = opened
