@@ -33,7 +33,8 @@ itself), so per committed transaction the table gives: lost races
 (compare-and-sets answered MISMATCH), storage requests (calls of the
 backend API; on S3 a consensus ``head`` is 2 HTTP requests) and the CPU
 milliseconds of the worker processes (``time.process_time``, their
-background threads included; moto's server process is not included).
+background threads included; moto's server process is not included); on
+S3 also the HTTP requests the workers' clients sent (every attempt).
 
 Run: ``.venv/bin/python benchmarks/bench_contention.py`` (file, s3model, moto; 1, 2,
 4, 8, 16 processes, 20 s windows: about 20 minutes; shorter windows at 8-16
