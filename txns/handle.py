@@ -117,6 +117,18 @@ def _each(fn: Callable[[str], None], items: list[str]) -> None:
         raise errors[0]
 
 
+def _maintain_lazily(w: WriteHandle, batches: int) -> None:
+    """Run ``w``'s maintenance once its shard holds ``batches`` batches or garbage is due.
+
+    Every commit or apply adds one small batch, and the size-tiered policy
+    merged after most of them (a conditional write each); merging several at
+    a time makes the tail one write per several, and a few more batches cost
+    reads little.
+    """
+    if len(w.shard.state().batches) >= batches or w.garbage_due():
+        w.maintain()
+
+
 CRITICAL_READER = "txns-critical-since"
 COMPACT_TO_EVERY_S = 1.0
 """``TxnsHandle.maintain`` moves the txns shard's since (a conditional write there) at most this often."""
@@ -636,7 +648,8 @@ class TxnsHandle:
         return True
 
     def maintain(self) -> None:
-        """The txns shard's maintenance: compaction and GC the policy asks for, then ``compact_to`` the upper.
+        """The txns shard's maintenance: compaction and GC the policy asks for (once the shard holds
+        ``TXNS_MAINTAIN_BATCHES`` batches, or garbage is due), then ``compact_to`` the upper.
 
         Best effort (failures are logged and left for later). Commits run it
         themselves unless ``maintain_on_commit`` is off. ``compact_to`` runs
@@ -647,9 +660,7 @@ class TxnsHandle:
         it a large share of the writes there, each one a lost race for some
         commit.
         """
-        w = self.writer
-        if len(w.shard.state().batches) >= TXNS_MAINTAIN_BATCHES or w.garbage_due():
-            w.maintain()
+        _maintain_lazily(self.writer, TXNS_MAINTAIN_BATCHES)
         now = time.monotonic()
         if now - self._compacted_at >= COMPACT_TO_EVERY_S:
             self._compacted_at = now
@@ -687,11 +698,7 @@ class TxnsHandle:
                 self._apply_run(d, commits[i : i + APPLY_RUN_MAX])
 
         def maintain_shard(d: str) -> None:
-            # Lazily: an apply adds one small batch, and the size-tiered policy merged after
-            # most of them (a conditional write each); a few more batches cost reads little.
-            w = self.data_writer(d)
-            if len(w.shard.state().batches) >= DATA_MAINTAIN_BATCHES or w.garbage_due():
-                w.maintain()
+            _maintain_lazily(self.data_writer(d), DATA_MAINTAIN_BATCHES)
 
         for d in per_shard:
             self.data_writer(d)  # open writers here, not racing in the pool
