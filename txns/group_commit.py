@@ -47,7 +47,11 @@ through a **queue** when there is contention:
    committed meanwhile (``Txn.commit_at(check=...)``); a write whose time
    another commit took is made again above it (``ROUND_RETRIES``), leading
    ``ts_fn`` by how long its writes take (:meth:`GroupCommitter._round_ts`);
-   then it deletes the objects it committed.
+   then it deletes the objects it committed. While other processes queue,
+   a round that has members starts, just before its write, the listing and
+   reads of the next round (the read-ahead, in a thread of its own), so
+   they overlap the write; the next round takes that listing (if it is
+   recent) instead of listing itself.
 4. **Learn.** A writer waits for its batches to appear in the txns log
    (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
    it learns its commit time from the log itself, from whichever sequencer
@@ -439,7 +443,10 @@ class GroupCommitter:
         self._deleter = ThreadPoolExecutor(max_workers=QUEUE_IO_THREADS, thread_name_prefix="txns-queue-io")
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txns-queue-ahead")
         self._ahead: Future[_Listing] | None = None  # the next round's listing, read while this round writes
-        self._gone: set[str] = set()  # keys this sequencer settled since the read-ahead started
+        # queue objects this sequencer settled (committed or failed) and deletes: when the delete returned
+        # (monotonic; inf until then). A listing begun before that may still hold the object: not read again.
+        self._settled: dict[str, float] = {}
+        self._settled_lock = threading.Lock()
         self._deadline_s = handle.client.config.retry_deadline_s
         handle.cache.start_tracking()
         self._pending_lock = threading.Lock()
@@ -926,9 +933,12 @@ class GroupCommitter:
         return now - self._found_at < FOUND_LATELY_S
 
     def _known(self) -> frozenset[str]:
-        """The queue keys this sequencer holds bodies of (a handed transaction's too: its object, if any)."""
+        """The queue keys this sequencer holds bodies of (a handed transaction's too: its object, if any), and
+        those it settled whose delete may not have landed: a listing need not read them."""
         pending = f"{self.prefix}pending/"
-        return frozenset(pending + k[len(LOCAL):] if k.startswith(LOCAL) else k for k in self._bodies)
+        with self._settled_lock:
+            settled = list(self._settled)
+        return frozenset(pending + k[len(LOCAL):] if k.startswith(LOCAL) else k for k in self._bodies).union(settled)
 
     def _read_queue(self, at: float, known: frozenset[str]) -> _Listing:
         """List the queue and read the objects not in ``known`` (their bodies; None: deleted meanwhile)."""
@@ -953,7 +963,6 @@ class GroupCommitter:
         alone skip most listings (``LOCAL_ROUND_LIST_S``).
         """
         if self._ahead is None and not self._closed and self._found_lately(time.monotonic()):
-            self._gone = set()
             self._ahead = self._ahead_pool.submit(self._read_queue, time.monotonic(), self._known())
 
     def _take_read_ahead(self, now: float) -> _Listing | None:
@@ -975,8 +984,16 @@ class GroupCommitter:
         listing started, is gone: another sequencer committed (or failed) it.
         One the listing did not know of (handed over, published or read
         since) stays. A new object this sequencer settled since the listing
-        started (``_gone``) is not read in again.
+        started, or whose delete had not returned by then (``_settled``), is
+        not read in again: were it, the next round would only find it
+        committed and delete it again (before this rule, objects were read
+        1.6 times each in the S3 model, where the round after a write
+        listed the queue before that write's deletes landed).
         """
+        with self._settled_lock:
+            # (deletes that returned before the listing began: their objects are not in it)
+            self._settled = {k: t for k, t in self._settled.items() if t >= listing.at}
+            settled = set(self._settled)
         self._listed_at = max(self._listed_at, listing.at)
         if listing.keys:
             self._found_at = max(self._found_at, listing.at)
@@ -991,10 +1008,9 @@ class GroupCommitter:
             if handed is not None:
                 self._bodies[k] = handed
         for k, data in listing.bodies.items():
-            if data is not None and k not in self._bodies and k not in self._gone:
+            if data is not None and k not in self._bodies and k not in settled:
                 # (None: deleted meanwhile, committed by another sequencer)
                 self._bodies[k] = Queued.decode(f"queued transaction {k}", data)
-        self._gone = set()
 
     def _publish_handed(self, members: list[tuple[str, Txn]]) -> list[tuple[str, Txn]]:
         """Queue (PUT) the handed-over transactions among ``members`` after their round's write lost; the
@@ -1059,9 +1075,10 @@ class GroupCommitter:
     def _delete(self, key: str) -> None:
         """Forget ``key``'s transaction (committed or failed); its object goes at the end of the round."""
         self._bodies.pop(key, None)
-        self._gone.add(key)
         if not key.startswith(LOCAL):  # (handed over in memory: no object)
             self._doomed.append(key)
+            with self._settled_lock:
+                self._settled[key] = float("inf")
 
     def _delete_doomed(self) -> None:
         """Delete the objects of the round's committed (or failed) transactions: one request on S3, off the lock."""
@@ -1074,6 +1091,12 @@ class GroupCommitter:
             self.blob.delete_many(keys)
         except ExternalError as e:  # a later round deletes them (they are known committed then)
             log.debug("deleting %d queued objects deferred: %s", len(keys), e)
+        finally:
+            done = time.monotonic()  # (a listing begun after this no longer holds them, unless the delete failed)
+            with self._settled_lock:
+                for k in keys:
+                    if k in self._settled:
+                        self._settled[k] = done
 
     def _quietly_delete(self, key: str) -> None:
         try:
