@@ -97,6 +97,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -440,6 +441,8 @@ class GroupCommitter:
         self._doomed: list[str] = []  # queued objects this round found committed (or failed): deleted at its end
         self._foreign_at = float("-inf")  # (monotonic) when a round last committed another process's transaction
         self._wake = threading.Event()  # set when a transaction is handed to this process's sequencer thread
+        self._round_done = threading.Condition()  # notified when a round of this process's committed (see _nap)
+        self._round_gen = 0  # rounds of this process that committed (under _lock and _round_done)
         self._deleter = ThreadPoolExecutor(max_workers=QUEUE_IO_THREADS, thread_name_prefix="txns-queue-io")
         self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txns-queue-ahead")
         self._ahead: Future[_Listing] | None = None  # the next round's listing, read while this round writes
@@ -636,6 +639,7 @@ class GroupCommitter:
                 put = []
             else:
                 put = [q for _, _, q, _ in waiting]
+            seen = self._round_gen  # (the rounds before the first look: a round after this wakes it)
         if len(put) > 1:
             list(self._deleter.map(self._enqueue, put))
         elif put:
@@ -653,6 +657,8 @@ class GroupCommitter:
                     if polls > 0 and self._serving is None and time.monotonic() - self._synced_at >= self.poll_s:
                         h.cache.sync()
                         self._synced_at = time.monotonic()
+                    if polls > 0:
+                        seen = self._round_gen  # (this look sees every round before it)
                     found = [(w, self._committed(w[2]) if polls > 0 else None) for w in waiting]
                     if self._serving is None:
                         self._unhand([q for (_, _, q, _), ts in found if ts is None])
@@ -685,7 +691,7 @@ class GroupCommitter:
                     f"them within {self.timeout_s} s; they may still commit: commit the same transactions again "
                     f"to wait for them"
                 )
-            time.sleep(self._pause(polls))
+            self._nap(self._pause(polls), seen)
         waited = time.monotonic() - started
         if polls > 0:
             self._wait_s = 0.75 * self._wait_s + 0.25 * waited
@@ -732,6 +738,18 @@ class GroupCommitter:
             return max(self.poll_s, 0.5 * self._wait_s)
         return self.poll_s * float(min(8, 2 ** ((polls - 2) // 2)))
 
+    def _nap(self, pause: float, seen: int) -> None:
+        """Sleep ``pause`` before a waiting writer's next look; in the process that sequences, only until its
+        next round committed (its waiters' transactions are handed over, and its rounds move the view: at
+        16 processes x 8 threads in the S3 model, the sequencer's own writers waited 0.66 s at the median,
+        the others 0.44 s). ``seen``: ``_round_gen`` at the writer's last look
+        (under the lock), so a round that committed since is never missed."""
+        if self._serving is None:
+            time.sleep(pause)
+            return
+        with self._round_done:
+            self._round_done.wait_for(lambda: self._round_gen != seen, pause)
+
     def _serve(self) -> None:
         """Keep sequencing in a background thread while the queue has work; then release the lease.
 
@@ -754,6 +772,11 @@ class GroupCommitter:
             pause = self.poll_s
             try:
                 while not self._closed:
+                    ahead = self._ahead
+                    if ahead is not None:
+                        # (the round waits for its read-ahead: not under the lock, which this process's
+                        # waiting writers take to hand transactions over and to look for their commits)
+                        futures.wait([ahead])
                     with self._lock:
                         if not self.lease.hold():
                             self._serving = None  # (under the lock: no transaction is handed to it after this)
@@ -925,6 +948,9 @@ class GroupCommitter:
         for k, _ in members:
             self._delete(k)
         self.grouped += len(members)
+        with self._round_done:
+            self._round_gen += 1
+            self._round_done.notify_all()
         return len(members)
 
     def _found_lately(self, now: float) -> bool:

@@ -995,3 +995,32 @@ def test_a_round_does_not_read_again_the_objects_whose_delete_has_not_landed(
     assert _queue_keys(store.client(), txns_id) == []
     assert gc._settled == {} or all(t < float("inf") for t in gc._settled.values())
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("theirs",)): 1, ((2,), ("theirs",)): 1}
+
+
+def test_a_writer_of_the_sequencing_process_learns_its_commit_when_the_round_ends(store: Store) -> None:
+    """In the process that sequences, a waiting writer sleeps until the next round of its process committed,
+    not for its whole pause (its transaction is handed over; the round moves the view): with a pause of
+    30 s, the handed transactions here commit and return at once."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, linger_s=60)
+    first = gc.handle.begin()
+    first.write(ds[0], (0,), ("a",), 1)
+    gc.commit(first)  # (takes the lease: this process now sequences, in a background thread)
+    assert gc._serving is not None
+    gc._wait_s = 60.0  # (a writer's first look would come after 30 s)
+    out: list[int] = []
+
+    def commit(n: int) -> None:
+        txn = gc.handle.begin()
+        txn.write(ds[0], (n,), ("a",), 1)
+        out.append(gc.commit(txn).commit_ts)
+
+    for n in range(1, 4):
+        t = threading.Thread(target=commit, args=(n,))
+        t.start()
+        t.join(15)
+        assert not t.is_alive(), "a handed transaction's writer slept its whole pause after its round committed"
+    assert gc.handed == 3 and len(out) == 3
+    gc.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(4)}
