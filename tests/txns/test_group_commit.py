@@ -880,10 +880,10 @@ def _gated_queue_listings(client: PersistClient, txns_id: str) -> tuple[list[str
     return threads, gate
 
 
-def test_a_round_reads_the_queue_for_the_next_one_while_it_writes(store: Store) -> None:
-    """While other processes queue, a round with members starts listing and reading the queue for the next
-    round before its write (the read-ahead), and the next round commits what that found without listing:
-    in the S3 model at 16 processes x 8 threads the listing and reads were half of every round."""
+def _second_object_read_ahead(store: Store) -> tuple[str, list[str], list[str], GroupCommitter, GroupCommitter]:
+    """A sequencer's round committed another process's first object and started its read-ahead, whose
+    listing (held at a gate until then) comes after the second object landed. Returns the txns shard, its
+    data shards, the threads that listed the queue, the sequencer's committer and the other process's."""
     client = store.client()
     txns_id, ds = _setup(client, 1)
     threads, gate = _gated_queue_listings(client, txns_id)
@@ -895,6 +895,14 @@ def test_a_round_reads_the_queue_for_the_next_one_while_it_writes(store: Store) 
     assert gc._ahead is not None  # (its listing waits at the gate: it lists after the next object lands)
     foreign(2)
     gate.set()
+    return txns_id, ds, threads, gc, theirs
+
+
+def test_a_round_reads_the_queue_for_the_next_one_while_it_writes(store: Store) -> None:
+    """While other processes queue, a round with members starts listing and reading the queue for the next
+    round before its write (the read-ahead), and the next round commits what that found without listing:
+    in the S3 model at 16 processes x 8 threads the listing and reads were half of every round."""
+    txns_id, ds, threads, gc, theirs = _second_object_read_ahead(store)
     mine = threading.current_thread().name
     assert gc.run_round() == 1  # (foreign 2, found by the read-ahead)
     assert threads.count(mine) == 1, "the second round listed the queue itself"
@@ -908,16 +916,7 @@ def test_a_round_reads_the_queue_for_the_next_one_while_it_writes(store: Store) 
 def test_an_object_read_ahead_then_committed_by_another_sequencer_commits_once(store: Store) -> None:
     """The read-ahead read an object; before the next round, a lapsed sequencer still running (another
     process) commits it and deletes it. The next round checks it at its write and commits nothing."""
-    client = store.client()
-    txns_id, ds = _setup(client, 1)
-    _threads, gate = _gated_queue_listings(client, txns_id)
-    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False)
-    theirs, foreign = _foreign_queuer(store, txns_id, ds[0])
-    assert gc.lease.hold()
-    foreign(1)
-    assert gc.run_round() == 1
-    foreign(2)
-    gate.set()
+    txns_id, ds, _threads, gc, theirs = _second_object_read_ahead(store)
     assert gc._ahead is not None
     assert gc._ahead.result(30).bodies  # (foreign 2's object, read ahead)
     theirs.lease.hold = lambda fresh=False: True  # type: ignore[method-assign]  # (it believes it sequences)
