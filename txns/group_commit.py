@@ -455,7 +455,9 @@ class GroupCommitter:
         self._deadline_s = handle.client.config.retry_deadline_s
         handle.cache.start_tracking()
         self._pending_lock = threading.Lock()
-        self._pending: list[_Waiting] = []  # direct commits waiting for the lock (the next one joins them)
+        self._pending: list[_Waiting] = []  # direct commits waiting for a write (the next one joins them)
+        self._direct_turn = threading.Condition(self._pending_lock)  # notified when a direct write ended
+        self._leading = False  # a thread leads a direct write (under _pending_lock; see _lead_or_join)
         self._queued_ids: set[str] = set()  # this committer's transactions in the queue (under _pending_lock)
         #: diagnostics: commits made directly (and transactions joined to them), queued, rounds run and
         #: transactions they committed
@@ -505,11 +507,10 @@ class GroupCommitter:
             mine = _Waiting(txn)
             with self._pending_lock:
                 self._pending.append(mine)
-            with self._lock:
-                if mine.outcome is None and not mine.lost:
-                    self._commit_direct(mine)
-            with self._pending_lock:
-                if mine in self._pending:
+            try:
+                self._lead_or_join(mine)
+            finally:
+                with self._pending_lock:
                     self._pending.remove(mine)
             if isinstance(mine.outcome, BaseException):
                 raise mine.outcome
@@ -521,6 +522,31 @@ class GroupCommitter:
         """The ids of this committer's transactions waiting in the queue now (its own, not others')."""
         with self._pending_lock:
             return frozenset(self._queued_ids)
+
+    def _lead_or_join(self, mine: _Waiting) -> None:
+        """Wait until another thread's direct write settled ``mine`` (joined it), or lead the next one.
+
+        One thread at a time leads (``_leading``); the others wait on
+        ``_direct_turn``, not on the committer's lock, so a member whose
+        outcome a write set returns at once. (Waiting on the lock, a member
+        returned only once it got the lock after the next leader's write: at
+        1 process x 64 threads in the S3 model, 60 of the 64 threads were
+        parked on the lock with their commits done, and a write carried 4
+        transactions instead of the 60 waiting.)
+        """
+        with self._direct_turn:
+            self._direct_turn.wait_for(lambda: mine.outcome is not None or mine.lost or not self._leading)
+            if mine.outcome is not None or mine.lost:
+                return
+            self._leading = True
+        try:
+            with self._lock:
+                if mine.outcome is None and not mine.lost:
+                    self._commit_direct(mine)
+        finally:
+            with self._direct_turn:
+                self._leading = False
+                self._direct_turn.notify_all()
 
     def _commit_direct(self, leader: _Waiting) -> None:
         """Under the lock: commit ``leader``'s transaction directly, with every joinable one waiting meanwhile.

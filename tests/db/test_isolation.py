@@ -6,6 +6,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -354,6 +355,54 @@ def test_concurrent_commits_in_one_process_share_conditional_writes(db: txns.Dat
     assert ids <= set(history.column("txn_id").to_pylist())
     meta = [m for m in history.column("metadata").to_pylist() if '"w"' in m]
     assert len(meta) == 80
+
+
+class _RecordingLock:
+    """The handle lock as one collaborator sees it: the same lock, recording which threads took it."""
+
+    def __init__(self, inner: Any, before: Callable[[], None]) -> None:
+        self.inner = inner
+        self.before = before  # (called before each acquire)
+        self.takers: list[str] = []
+
+    def __enter__(self) -> _RecordingLock:
+        self.before()
+        self.inner.acquire()
+        self.takers.append(threading.current_thread().name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.release()
+
+
+def test_a_transaction_committed_in_another_threads_group_returns_without_the_handle_lock(db: txns.Database) -> None:
+    """Only the thread that leads a group takes the handle lock to commit it; a member returns once its outcome
+    is set. (Waiting for the lock, a member also waited out the next group's write, or its whole wait in the
+    cross-process queue, or anything else that held the lock meanwhile.)"""
+    db.create_table("events", pa.schema([("worker", pa.int64()), ("i", pa.int64())]))
+    committer = db.committer
+
+    def both_queued() -> None:  # (so that whoever leads commits both in one group)
+        deadline = time.monotonic() + 10
+        while len(committer._queue) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    lock = committer._lock = _RecordingLock(committer._lock, both_queued)  # type: ignore[assignment]
+    grouped, groups = db.grouped_transactions, db.group_commits
+
+    def worker(w: int) -> None:
+        with db.transaction() as t:
+            t.insert("events", [{"worker": w, "i": 0}])
+
+    threads = [threading.Thread(target=worker, args=(w,), name=f"writer-{w}") for w in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert db.grouped_transactions - grouped == 2 and db.group_commits - groups == 1
+    assert len([n for n in lock.takers if n.startswith("writer-")]) == 1, lock.takers
+    events = db.table("events").to_arrow().to_pylist()
+    assert sorted(r["worker"] for r in events) == [0, 1]
 
 
 def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url: str) -> None:

@@ -4,8 +4,8 @@ A transaction commits through :meth:`Committer.commit` with a
 :class:`CommitRequest` (what it writes, what it read, its DDL check). A
 transaction with DDL commits alone (:meth:`Committer._commit_ddl`); the
 others go through an in-process **group commit**: each joins a queue, and
-whoever holds the handle lock next commits every queued transaction that
-fits in one conditional write; a write-only group that lost a race to
+the next thread to lead (one at a time, under the handle lock) commits
+every queued transaction that fits in one conditional write; a write-only group that lost a race to
 another process goes through the cross-process queue
 (:mod:`txns.group_commit`) for a while, and so do write-only groups while
 other processes' transactions wait there (``txns.group_commit.QueueSwitch``). A
@@ -27,7 +27,9 @@ Invariants:
 - Every queued request gets exactly one outcome (a commit time or an
   error), set by the thread that committed its group.
 - The txns handle is used only under ``handle_lock``; the queue only under
-  the committer's own ``_queue_lock``.
+  the committer's own ``_queue_lock``. One thread at a time commits a group
+  (``_leading``); a member whose outcome is set returns without the handle
+  lock.
 """
 
 from __future__ import annotations
@@ -162,6 +164,8 @@ class Committer:
         self._catalog = catalog
         self._queue_lock = threading.Lock()
         self._queue: list[_Pending] = []  # requests waiting for a group (see commit)
+        self._turn = threading.Condition(self._queue_lock)  # notified when a group's outcome is set
+        self._leading = False  # a thread is committing a group (under _queue_lock)
         #: group commits made (each one conditional write) and transactions they carried (diagnostics)
         self.group_commits = 0
         self.grouped_transactions = 0
@@ -215,11 +219,12 @@ class Committer:
 
         A transaction with DDL (``req.validate``) commits alone (:meth:`_commit_ddl`).
         The others go through a **group commit**: each joins a queue, and
-        whoever holds the handle lock next commits every queued
-        transaction that fits in one conditional write (:meth:`_commit_group`);
-        a transaction already committed by another thread's group just
-        returns. ``req.writes`` keeps a group from holding a transaction
-        that read what an earlier member writes.
+        the next thread to lead (one at a time) takes the handle lock and
+        commits every queued transaction that fits in one conditional write
+        (:meth:`_commit_group`); a transaction another thread's group
+        committed returns as soon as its outcome is set, without the lock.
+        ``req.writes`` keeps a group from holding a transaction that read
+        what an earlier member writes.
         """
         if req.validate is not None:
             return self._commit_ddl(req, req.validate)
@@ -227,15 +232,25 @@ class Committer:
         with self._queue_lock:
             self._queue.append(p)
         while not p.done:
-            with self._lock:
-                if not p.done:
+            # One thread at a time leads a group; the others wait for it on `_turn`, not on the
+            # handle lock, so a member its group committed returns at once. (Waiting on the
+            # handle lock, a member also waited out the next group's write, or its whole wait in
+            # the cross-process queue.)
+            with self._turn:
+                self._turn.wait_for(lambda: p.done or not self._leading)
+                if p.done:
+                    break
+                self._leading = True
+            try:
+                with self._lock:
                     with self._queue_lock:
                         members = [q for q in self._queue if not q.done]
-                    try:
-                        self._commit_group(members)
-                    finally:
-                        with self._queue_lock:
-                            self._queue = [q for q in self._queue if not q.done]
+                    self._commit_group(members)
+            finally:
+                with self._turn:
+                    self._queue = [q for q in self._queue if not q.done]
+                    self._leading = False
+                    self._turn.notify_all()
         if p.error is not None:
             raise p.error
         assert p.result is not None
