@@ -13,7 +13,10 @@ S3 is moto (in a child process, so it does not compete for this process's GIL)
 behind :class:`persist.fault_proxy.FaultProxy` adding
 ``--latency-ms`` before each request (default 20 ms: a same-region S3 round
 trip is 10-30 ms), so waiting on storage, not Python, dominates, as it does
-on real S3.
+on real S3. ``--store s3model`` runs on :mod:`persist.s3model` instead (a
+temporary directory with ``--latency-ms`` slept per request and
+``--cas-per-key-s`` conditional writes per key per second; no CPU spent on
+storage).
 
 Run: ``.venv/bin/python benchmarks/bench_group_commit.py`` (about 2 minutes).
 """
@@ -24,11 +27,12 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import boto3
 import pyarrow as pa
@@ -112,37 +116,61 @@ def increment(db: txns.Database, w: int, i: int) -> None:
     db.run(bump, max_attempts=1000)
 
 
+WORKLOADS = (
+    ("insert", "write-only (one-row insert)", insert_one),
+    ("increment", "read-then-write (db.run increment)", increment),
+)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--commits", type=int, default=64, help="commits per case (split over the threads)")
     p.add_argument("--threads", default="1,4,16")
+    p.add_argument("--store", choices=("moto", "s3model"), default="moto")
+    p.add_argument("--cas-per-key-s", type=int, default=0,
+                   help="s3model: conditional writes per key per second (0: no cap)")
+    p.add_argument("--workloads", default="insert,increment", help="of: insert, increment")
     args = p.parse_args()
     counts = [int(x) for x in args.threads.split(",")]
-    with moto_server() as endpoint:
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        with FaultProxy(endpoint, seed=1, faults=FaultPlan(latency_s=args.latency_ms / 1000)) as proxy:
-            workloads = (("write-only (one-row insert)", insert_one), ("read-then-write (db.run increment)", increment))
-            for title, work in workloads:
-                print(f"\n### {title}, {args.latency_ms:g} ms added per request\n")
+    with ExitStack() as stack:
+        if args.store == "moto":
+            endpoint = stack.enter_context(moto_server())
+            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+            plan = FaultPlan(latency_s=args.latency_ms / 1000)
+            proxy = stack.enter_context(FaultProxy(endpoint, seed=1, faults=plan))
+
+            def url() -> str:
+                return f"s3://{BUCKET}/{uuid.uuid4().hex}?endpoint_url={proxy.url}&region=us-east-1"
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+
+            def url() -> str:
+                return (f"s3model+file://{tmp}/{uuid.uuid4().hex}?latency_ms={args.latency_ms:g}"
+                        f"&cas_per_key_s={args.cas_per_key_s}")
+
+        chosen = args.workloads.split(",")
+        for name, title, work in WORKLOADS:
+            if name not in chosen:
+                continue
+            print(f"\n### {title}, {args.store}, {args.latency_ms:g} ms per request\n")
+            print(
+                "| threads | grouped: commits/s | p50 ms | p99 ms | txns per write "
+                "| alone: commits/s | p50 ms | p99 ms | gain |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for n in counts:
+                per = max(2, args.commits // n)
+                g = run_case(url(), n, per, work)
+                with ungrouped():
+                    a = run_case(url(), n, per, work)
                 print(
-                    "| threads | grouped: commits/s | p50 ms | p99 ms | txns per write "
-                    "| alone: commits/s | p50 ms | p99 ms | gain |"
+                    f"| {n} | {g['commits/s']:.1f} | {g['p50 ms']:.0f} | {g['p99 ms']:.0f} "
+                    f"| {g['txns per write']:.1f} "
+                    f"| {a['commits/s']:.1f} | {a['p50 ms']:.0f} | {a['p99 ms']:.0f} "
+                    f"| {g['commits/s'] / a['commits/s']:.2f}x |",
+                    flush=True,
                 )
-                print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-                for n in counts:
-                    per = max(2, args.commits // n)
-                    url = lambda: f"s3://{BUCKET}/{uuid.uuid4().hex}?endpoint_url={proxy.url}&region=us-east-1"  # noqa: E731
-                    g = run_case(url(), n, per, work)
-                    with ungrouped():
-                        a = run_case(url(), n, per, work)
-                    print(
-                        f"| {n} | {g['commits/s']:.1f} | {g['p50 ms']:.0f} | {g['p99 ms']:.0f} "
-                        f"| {g['txns per write']:.1f} "
-                        f"| {a['commits/s']:.1f} | {a['p50 ms']:.0f} | {a['p99 ms']:.0f} "
-                        f"| {g['commits/s'] / a['commits/s']:.2f}x |",
-                        flush=True,
-                    )
 
 
 if __name__ == "__main__":
