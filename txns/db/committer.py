@@ -5,9 +5,9 @@ A transaction commits through :meth:`Committer.commit` with a
 transaction with DDL commits alone (:meth:`Committer._commit_ddl`); the
 others go through an in-process **group commit**: each joins a queue, and
 the next thread to lead (one at a time, under the handle lock) commits
-every queued transaction that fits in one conditional write; a write-only group that lost a race to
-another process goes through the cross-process queue
-(:mod:`txns.group_commit`) for a while, and so do write-only groups while
+every queued transaction that fits in one conditional write; a write-only
+group that lost a race to another process goes through the cross-process
+queue (:mod:`txns.group_commit`) for a while, and so do write-only groups while
 other processes' transactions wait there (``txns.group_commit.QueueSwitch``). A
 commit returns as soon as it is durable; applying it is the background
 worker's (:mod:`txns.db.applier`).
