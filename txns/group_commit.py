@@ -160,7 +160,9 @@ class QueueSwitch:
     most every ``probe_s``: a process whose direct writes win keeps winning
     (its last write made the state it holds, while everyone else must read
     it first), so without the look it would starve the queued transactions,
-    whose rounds lose every race to it. Not thread-safe: its owner's lock.
+    whose rounds lose every race to it. Each field changes by one assignment,
+    so threads may call it without a lock: a race costs at most one more
+    look at the queue.
     """
 
     def __init__(self, blob: Blob, txns_id: str, contended_s: float, probe_s: float, slow_s: float) -> None:
@@ -458,7 +460,14 @@ class GroupCommitter:
         self._pending: list[_Waiting] = []  # direct commits waiting for a write (the next one joins them)
         self._direct_turn = threading.Condition(self._pending_lock)  # notified when a direct write ended
         self._leading = False  # a thread leads a direct write (under _pending_lock; see _lead_or_join)
-        self._queued_ids: set[str] = set()  # this committer's transactions in the queue (under _pending_lock)
+        # under _pending_lock: this committer's transactions in the queue (waiting), by id; the commit times
+        # a look found for them (see _look); whether a thread is looking, and how many looks ended
+        self._in_queue: dict[str, Queued] = {}
+        self._learned: dict[str, int] = {}
+        self._looking = False
+        self._look_gen = 0
+        self._looked = threading.Condition(self._pending_lock)  # notified when a look ended
+        self._looks = 0  # looks made (under _lock): every fourth reads the lease afresh
         #: diagnostics: commits made directly (and transactions joined to them), queued, rounds run and
         #: transactions they committed
         self.direct_commits = 0
@@ -521,7 +530,7 @@ class GroupCommitter:
     def waiting_ids(self) -> frozenset[str]:
         """The ids of this committer's transactions waiting in the queue now (its own, not others')."""
         with self._pending_lock:
-            return frozenset(self._queued_ids)
+            return frozenset(self._in_queue)
 
     def _lead_or_join(self, mine: _Waiting) -> None:
         """Wait until another thread's direct write settled ``mine`` (joined it), or lead the next one.
@@ -641,12 +650,14 @@ class GroupCommitter:
             txn.uncertain = True  # from here on a sequencer may commit it: any later commit looks it up first
             waiting.append((i, txn, q, tuple(sorted(batches))))
         with self._pending_lock:
-            self._queued_ids.update(q.txn_id for _, _, q, _ in waiting)
+            self._in_queue.update((q.txn_id, q) for _, _, q, _ in waiting)
         try:
             return self._wait_queued(txns, waiting, results)
         finally:
             with self._pending_lock:
-                self._queued_ids.difference_update(q.txn_id for _, _, q, _ in waiting)
+                for _, _, q, _ in waiting:
+                    self._in_queue.pop(q.txn_id, None)
+                    self._learned.pop(q.txn_id, None)
 
     def _wait_queued(
         self,
@@ -655,7 +666,6 @@ class GroupCommitter:
         results: dict[int, TxnApply],
     ) -> list[TxnApply]:
         """Enqueue ``waiting`` and wait until each committed; ``results`` has the others' (see :meth:`commit`)."""
-        h = self.handle
         with self._lock:
             if self._serving is not None and not self._closed:
                 # This process sequences: hand them to its next round in memory (no PUT, GET or
@@ -677,31 +687,25 @@ class GroupCommitter:
         deadline = started + self.timeout_s
         polls = 0
         while waiting:
-            with self._lock:
-                try:
-                    # (just enqueued, nothing can have committed it yet: no read before the first pause)
-                    # (one read serves every waiting thread of this process; none while this process
-                    # sequences: its rounds move the view past each commit they make)
-                    if polls > 0 and self._serving is None and time.monotonic() - self._synced_at >= self.poll_s:
-                        h.cache.sync()
-                        self._synced_at = time.monotonic()
-                    if polls > 0:
-                        seen = self._round_gen  # (this look sees every round before it)
-                    found = [(w, self._committed(w[2]) if polls > 0 else None) for w in waiting]
-                    if self._serving is None:
-                        self._unhand([q for (_, _, q, _), ts in found if ts is None])
-                    # The lease: read afresh every fourth poll, the first included (a holder that
-                    # released it is replaced then; a lapsed one at its expiry, which needs no read;
-                    # a sequencer lingers, so under load it rarely lets go early).
-                    if any(ts is None for _, ts in found) and self._serving is None and self.lease.hold(
-                        fresh=polls % 4 == 1
-                    ):
-                        self._round()
-                        found = [(w, self._committed(w[2])) for w in waiting]
-                        self._serve()
-                except ExternalError as e:  # storage trouble: try again until the deadline
-                    log.debug("waiting for %d queued transactions: %s", len(waiting), e)
-                    found = [(w, None) for w in waiting]
+            if polls == 0:
+                # (just enqueued, nothing can have committed it yet: no read; only the lease, if free)
+                with self._lock:
+                    try:
+                        if self._serving is None and self.lease.hold():
+                            self._round()
+                            for _, _, q, _ in waiting:
+                                ts = self._committed(q)
+                                if ts is not None:
+                                    with self._pending_lock:
+                                        self._learned[q.txn_id] = ts
+                            self._serve()
+                    except ExternalError as e:  # storage trouble: the looks try again until the deadline
+                        log.debug("taking the sequencer lease: %s", e)
+                    seen = self._round_gen
+            else:
+                seen = self._look(seen)
+            with self._pending_lock:
+                found = [(w, self._learned.pop(w[2].txn_id, None)) for w in waiting]
             for (i, txn, _q, data_ids), ts in found:
                 if ts is not None:
                     results[i] = TxnApply(ts, data_ids)
@@ -723,9 +727,69 @@ class GroupCommitter:
         waited = time.monotonic() - started
         if polls > 0:
             self._wait_s = 0.75 * self._wait_s + 0.25 * waited
-        with self._lock:
-            self._switch.queued(waited, self.others_queued)
+        self._switch.queued(waited, self.others_queued)  # (not under the lock: see QueueSwitch)
         return [results[i] for i in range(len(txns))]
+
+    def _look(self, seen: int) -> int:
+        """Look for the commits of this process's queued transactions, for every waiting thread at once.
+
+        One thread at a time looks (``_looking``): under the lock it reads
+        the txns shard (at most every ``poll_s``; not while this process
+        sequences: its rounds move the view past each commit they make),
+        checks every transaction of this process still waiting, and leaves
+        each one's commit time in ``_learned``; then it wakes the others
+        (``_looked``). A thread that finds a look in progress waits for it
+        instead of for the lock, so a read of the txns shard serves every
+        thread, and no thread reads it again before the others saw what it
+        found. (Each thread looking for its own, under the lock, made the
+        looks of 64 threads a convoy: each read let one or two threads look
+        before the next read held the lock again; their process committed
+        an eighth of what the sequencing one did.) Also takes the sequencer
+        lease when free, reading it afresh every fourth look. Returns
+        ``_round_gen`` as of the look (see :meth:`_nap`).
+        """
+        with self._pending_lock:
+            if self._looking:
+                gen = self._look_gen
+                self._looked.wait_for(lambda: self._look_gen != gen, self.timeout_s)
+                return self._round_gen
+            self._looking = True
+        h = self.handle
+        try:
+            with self._lock:
+                seen = self._round_gen  # (this look sees every round before it)
+                with self._pending_lock:
+                    mine = list(self._in_queue.values())
+                try:
+                    if self._serving is None and time.monotonic() - self._synced_at >= self.poll_s:
+                        h.cache.sync()
+                        self._synced_at = time.monotonic()
+                    found = [(q, self._committed(q)) for q in mine]
+                    if self._serving is None:
+                        self._unhand([q for q, ts in found if ts is None])
+                    # The lease: read afresh every fourth look (a holder that released it is replaced
+                    # then; a lapsed one at its expiry, which needs no read; a sequencer lingers, so
+                    # under load it rarely lets go early).
+                    self._looks += 1
+                    if any(ts is None for _, ts in found) and self._serving is None and self.lease.hold(
+                        fresh=self._looks % 4 == 1
+                    ):
+                        self._round()
+                        found = [(q, self._committed(q)) for q in mine]
+                        self._serve()
+                except ExternalError as e:  # storage trouble: try again until the deadline
+                    log.debug("waiting for %d queued transactions: %s", len(mine), e)
+                    found = []
+                with self._pending_lock:
+                    for q, ts in found:
+                        if ts is not None and q.txn_id in self._in_queue:
+                            self._learned[q.txn_id] = ts
+        finally:
+            with self._pending_lock:
+                self._looking = False
+                self._look_gen += 1
+                self._looked.notify_all()
+        return seen
 
     def others_queued(self) -> bool:
         """Whether other processes use the queue lately: their transactions were in this process's rounds
@@ -970,7 +1034,7 @@ class GroupCommitter:
                 return 0
         self._synced_at = time.monotonic()  # (the view is at this write's upper: local waiters need no read)
         with self._pending_lock:
-            mine = {f"{self.prefix}pending/{i}" for i in self._queued_ids}
+            mine = {f"{self.prefix}pending/{i}" for i in self._in_queue}
         if any(not k.startswith(LOCAL) and k not in mine for k, _ in members):
             self._foreign_at = self._synced_at
         for k, _ in members:
