@@ -703,7 +703,10 @@ class GroupCommitter:
                         log.debug("taking the sequencer lease: %s", e)
                     seen = self._round_gen
             else:
-                seen = self._look(seen)
+                with self._pending_lock:
+                    learned = all(w[2].txn_id in self._learned for w in waiting)
+                if not learned:  # (another thread's look may have found them all)
+                    seen = self._look(seen)
             with self._pending_lock:
                 found = [(w, self._learned.pop(w[2].txn_id, None)) for w in waiting]
             for (i, txn, _q, data_ids), ts in found:
@@ -758,12 +761,13 @@ class GroupCommitter:
         try:
             with self._lock:
                 seen = self._round_gen  # (this look sees every round before it)
-                with self._pending_lock:
-                    mine = list(self._in_queue.values())
+                mine: list[Queued] = []
                 try:
                     if self._serving is None and time.monotonic() - self._synced_at >= self.poll_s:
                         h.cache.sync()
                         self._synced_at = time.monotonic()
+                    with self._pending_lock:  # (after the read: whatever waits now)
+                        mine = list(self._in_queue.values())
                     found = [(q, self._committed(q)) for q in mine]
                     if self._serving is None:
                         self._unhand([q for q, ts in found if ts is None])

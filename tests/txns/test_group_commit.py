@@ -1073,3 +1073,47 @@ def test_a_writer_of_the_sequencing_process_learns_its_commit_when_the_round_end
     assert gc.handed == 3 and len(out) == 3
     gc.close()
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(4)}
+
+
+def test_one_look_finds_the_commits_of_every_waiting_thread_of_a_process(store: Store) -> None:
+    """Threads of a process that does not sequence learn their commits from one read of the txns shard: the
+    thread that looks checks every transaction its process has waiting, and the others take what it found.
+    (Each looking for its own under the lock, with a read each, the looks of 64 threads were a convoy: their
+    process committed an eighth of what the sequencing one did.)"""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    sequencer = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False, lease_ms=60_000)
+    assert sequencer.lease.hold()  # (another process sequences: these writers only queue and look)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, direct=False, poll_s=0.0)  # (a read of the txns shard on every look)
+    gc._wait_s = 2.0  # (the first look after 1 s: by then the round below committed all of them)
+    syncs: list[float] = []
+    real_sync = h.cache.sync
+
+    def counting_sync() -> None:
+        syncs.append(time.monotonic())
+        real_sync()
+
+    h.cache.sync = counting_sync  # type: ignore[method-assign]
+    threads, out = 8, {}
+
+    def commit(n: int) -> None:
+        with gc._lock:  # (the handle serves one thread at a time)
+            txn = h.begin()
+            txn.write(ds[0], (n,), ("a",), 1)
+        out[n] = gc.commit(txn).commit_ts
+
+    ts = [threading.Thread(target=commit, args=(n,)) for n in range(threads)]
+    for t in ts:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(_queue_keys(client, txns_id)) < threads and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sequencer.run_round() == threads
+    for t in ts:
+        t.join(30)
+    assert len(out) == threads and len(set(out.values())) == 1
+    assert len(syncs) <= 2, f"{len(syncs)} reads of the txns shard for {threads} transactions committed together"
+    gc.close()
+    sequencer.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(threads)}
