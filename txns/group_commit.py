@@ -56,7 +56,9 @@ through a **queue** when there is contention:
    (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
    it learns its commit time from the log itself, from whichever sequencer
    committed it; it looks first after half its recent waits, then at a
-   growing interval (:meth:`GroupCommitter._pause`); in the process that
+   growing interval (:meth:`GroupCommitter._pause`); one look (one read
+   of the txns shard) finds the commits of every waiting thread of the
+   process (:meth:`GroupCommitter._look`); in the process that
    sequences, it sleeps only until that process's next round committed
    (:meth:`GroupCommitter._nap`).
 
