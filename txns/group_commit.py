@@ -465,7 +465,7 @@ class GroupCommitter:
         # under _pending_lock: this committer's transactions in the queue (waiting), by id; the commit times
         # a look found for them (see _look); whether a thread is looking, and how many looks ended
         self._in_queue: dict[str, Queued] = {}
-        self._learned: dict[str, int] = {}
+        self._learned: dict[str, int | Exception] = {}
         self._looking = False
         self._look_gen = 0
         self._looked = threading.Condition(self._pending_lock)  # notified when a look ended
@@ -696,10 +696,10 @@ class GroupCommitter:
                         if self._serving is None and self.lease.hold():
                             self._round()
                             for _, _, q, _ in waiting:
-                                ts = self._committed(q)
-                                if ts is not None:
+                                at = self._committed(q)
+                                if at is not None:
                                     with self._pending_lock:
-                                        self._learned[q.txn_id] = ts
+                                        self._learned[q.txn_id] = at
                             self._serve()
                     except ExternalError as e:  # storage trouble: the looks try again until the deadline
                         log.debug("taking the sequencer lease: %s", e)
@@ -708,10 +708,12 @@ class GroupCommitter:
                 with self._pending_lock:
                     learned = all(w[2].txn_id in self._learned for w in waiting)
                 if not learned:  # (another thread's look may have found them all)
-                    seen = self._look(seen)
+                    seen = self._look()
             with self._pending_lock:
                 found = [(w, self._learned.pop(w[2].txn_id, None)) for w in waiting]
             for (i, txn, _q, data_ids), ts in found:
+                if isinstance(ts, Exception):
+                    raise ts
                 if ts is not None:
                     results[i] = TxnApply(ts, data_ids)
                     txn.settle(results[i])
@@ -735,7 +737,7 @@ class GroupCommitter:
         self._switch.queued(waited, self.others_queued)  # (not under the lock: see QueueSwitch)
         return [results[i] for i in range(len(txns))]
 
-    def _look(self, seen: int) -> int:
+    def _look(self) -> int:
         """Look for the commits of this process's queued transactions, for every waiting thread at once.
 
         One thread at a time looks (``_looking``): under the lock it reads
@@ -770,7 +772,7 @@ class GroupCommitter:
                         self._synced_at = time.monotonic()
                     with self._pending_lock:  # (after the read: whatever waits now)
                         mine = list(self._in_queue.values())
-                    found = [(q, self._committed(q)) for q in mine]
+                    found = [(q, self._outcome(q)) for q in mine]
                     if self._serving is None:
                         self._unhand([q for q, ts in found if ts is None])
                     # The lease: read afresh every fourth look (a holder that released it is replaced
@@ -781,7 +783,7 @@ class GroupCommitter:
                         fresh=self._looks % 4 == 1
                     ):
                         self._round()
-                        found = [(q, self._committed(q)) for q in mine]
+                        found = [(q, self._outcome(q)) for q in mine]
                         self._serve()
                 except ExternalError as e:  # storage trouble: try again until the deadline
                     log.debug("waiting for %d queued transactions: %s", len(mine), e)
@@ -796,6 +798,16 @@ class GroupCommitter:
                 self._look_gen += 1
                 self._looked.notify_all()
         return seen
+
+    def _outcome(self, q: Queued) -> int | Exception | None:
+        """``q``'s commit time (:meth:`_committed`), or the error looking it up raised other than storage's
+        (for ``q``'s own thread to raise: a look checks every thread's transactions). Under the lock."""
+        try:
+            return self._committed(q)
+        except ExternalError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the outcome of q's thread, raised there
+            return e
 
     def others_queued(self) -> bool:
         """Whether other processes use the queue lately: their transactions were in this process's rounds

@@ -1117,3 +1117,29 @@ def test_one_look_finds_the_commits_of_every_waiting_thread_of_a_process(store: 
     gc.close()
     sequencer.close()
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(threads)}
+
+
+def test_an_error_looking_up_one_threads_transaction_goes_to_that_thread_not_the_one_looking(store: Store) -> None:
+    """A look checks every waiting transaction of its process; an error other than storage's while looking one
+    up is that transaction's outcome (its own thread raises it), and the others' are still found."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    ok, bad = h.begin(), h.begin()
+    ok.write(ds[0], (1,), ("a",), 1)
+    bad.write(ds[0], (2,), ("b",), 1)
+    at = h.commit(ok, at=h.upper).commit_ts
+    gc = GroupCommitter(h, direct=False)
+    gc._in_queue = {t.id: _as_queued(t, 0) for t in (ok, bad)}
+    real = gc._committed
+
+    def committed(q: Queued) -> int | None:
+        if q.txn_id == bad.id:
+            raise InvalidUsage("planted: this lookup fails")
+        return real(q)
+
+    gc._committed = committed  # type: ignore[method-assign]
+    gc._look()  # (the looking thread: no error)
+    assert gc._learned[ok.id] == at
+    assert isinstance(gc._learned[bad.id], InvalidUsage)
+    gc.close()
