@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -357,6 +358,20 @@ def test_threads_of_one_process_join_one_direct_write_each_committed_once(store:
     h.close()
 
 
+def _run_both_pending(gc: GroupCommitter, lock: Any, threads: list[threading.Thread]) -> None:
+    """Start ``threads`` (two direct commits) while ``lock`` (the committer's) is held, so that both are pending
+    when one of them leads the next write; then wait for them."""
+    with lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(gc._pending) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(gc._pending) == 2
+    for t in threads:
+        t.join(30)
+
+
 class _RecordingLock:
     """A committer's lock that records which threads took it."""
 
@@ -391,15 +406,7 @@ def test_a_thread_joined_to_a_direct_write_returns_without_taking_the_committers
         got[txn.id] = gc.commit(txn).commit_ts
 
     threads = [threading.Thread(target=run, args=(t,), name=f"writer-{n}") for n, t in enumerate(txns)]
-    with lock.inner:  # (both wait: one leads the next write and joins the other to it)
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 10
-        while len(gc._pending) < 2 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert len(gc._pending) == 2
-    for t in threads:
-        t.join(30)
+    _run_both_pending(gc, lock.inner, threads)  # (one leads the next write and joins the other to it)
     gc.close()
     assert gc.direct_commits == 1 and gc.joined == 1 and len(set(got.values())) == 1, got
     assert len([n for n in lock.takers if n.startswith("writer-")]) == 1, lock.takers
@@ -793,16 +800,8 @@ def test_a_joined_direct_write_failing_on_one_members_usage_error_commits_the_ot
         except Exception as e:  # noqa: BLE001 - the outcome under test
             outcomes[txn.id] = e
 
-    with gc._lock:  # (both wait for the lock: whichever takes it first joins the other to its write)
-        threads = [threading.Thread(target=run, args=(t,)) for t in (bad, good)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 10
-        while len(gc._pending) < 2 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert len(gc._pending) == 2
-    for t in threads:
-        t.join(30)
+    threads = [threading.Thread(target=run, args=(t,)) for t in (bad, good)]
+    _run_both_pending(gc, gc._lock, threads)  # (whichever leads joins the other to its write)
     gc.close()
     assert isinstance(outcomes[bad.id], NotRegistered), outcomes
     assert isinstance(outcomes[good.id], int), outcomes
