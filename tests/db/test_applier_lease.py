@@ -86,8 +86,9 @@ def test_a_killed_applier_lease_holder_is_replaced_and_every_commit_is_applied_o
     applied: list[tuple[Any, ...]] = []
 
     def drain(timeout: float = 0.05) -> None:
+        until = time.monotonic() + 1.0  # (returns within about a second even while messages keep coming)
         try:
-            while True:
+            while time.monotonic() < until:
                 m = out.get(timeout=timeout)
                 if m[0] == "ack":
                     acked[m[1]].add(m[2])
