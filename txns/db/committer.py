@@ -28,8 +28,8 @@ Invariants:
   error), set by the thread that committed its group.
 - The txns handle is used only under ``handle_lock``; the queue only under
   the committer's own ``_queue_lock``. One thread at a time commits a group
-  (``_leading``); a member whose outcome is set returns without the handle
-  lock.
+  (``txns.group_commit.LeadTurn``); a member whose outcome is set returns
+  without the handle lock.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from txns.db.oracle import TimestampOracle
 from txns.db.pool import each_or_raise, in_pool, pool
 from txns.db.validation import ConflictReads, ReadSet, conflict
 from txns.errors import TimestampUnavailable
-from txns.group_commit import GroupCommitter, QueueSwitch
+from txns.group_commit import GroupCommitter, LeadTurn, QueueSwitch
 from txns.handle import TxnsHandle
 from txns.txn import Tidy, Txn
 
@@ -164,8 +164,7 @@ class Committer:
         self._catalog = catalog
         self._queue_lock = threading.Lock()
         self._queue: list[_Pending] = []  # requests waiting for a group (see commit)
-        self._turn = threading.Condition(self._queue_lock)  # notified when a group's outcome is set
-        self._leading = False  # a thread is committing a group (under _queue_lock)
+        self._turn = LeadTurn(self._queue_lock)  # one thread at a time commits a group
         #: group commits made (each one conditional write) and transactions they carried (diagnostics)
         self.group_commits = 0
         self.grouped_transactions = 0
@@ -231,30 +230,25 @@ class Committer:
         p = _Pending(req, req.read_ts)
         with self._queue_lock:
             self._queue.append(p)
-        while not p.done:
-            # One thread at a time leads a group; the others wait for it on `_turn`, not on the
-            # handle lock, so a member its group committed returns at once. (Waiting on the
-            # handle lock, a member also waited out the next group's write, or its whole wait in
-            # the cross-process queue.)
-            with self._turn:
-                self._turn.wait_for(lambda: p.done or not self._leading)
-                if p.done:
-                    break
-                self._leading = True
+        # One thread at a time leads a group (LeadTurn); a member its group committed returns at
+        # once, not after the handle lock (held by the next group through its write, or its whole
+        # wait in the cross-process queue).
+        while self._turn.take(lambda: p.done):
             try:
                 with self._lock:
                     with self._queue_lock:
                         members = [q for q in self._queue if not q.done]
                     self._commit_group(members)
             finally:
-                with self._turn:
-                    self._queue = [q for q in self._queue if not q.done]
-                    self._leading = False
-                    self._turn.notify_all()
+                self._turn.end(self._drop_done)
         if p.error is not None:
             raise p.error
         assert p.result is not None
         return p.result
+
+    def _drop_done(self) -> None:
+        """Drop the settled requests from the queue (under ``_queue_lock``)."""
+        self._queue = [q for q in self._queue if not q.done]
 
     def _commit_group(self, members: list[_Pending]) -> None:
         """Commit as many of ``members`` (in order) as fit in one conditional write; set each one's outcome.
