@@ -6,8 +6,11 @@ package, imported from the repository root (see tests/__init__.py).
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from persist import PersistClient, PersistConfig
 from persist.unreliable import Faults, UnreliableBlob, UnreliableConsensus
@@ -35,3 +38,22 @@ def faulty_client(url: str, faults: Faults, config: PersistConfig | None = None)
     return PersistClient(
         Location(url, UnreliableBlob(loc.blob, faults), UnreliableConsensus(loc.consensus, faults)), config
     )
+
+
+class RecordingLock:
+    """A committer's lock as one collaborator sees it: the same lock (``inner``), recording which threads took
+    it, with ``before()`` called before each acquire."""
+
+    def __init__(self, inner: Any, before: Callable[[], None] = lambda: None) -> None:
+        self.inner = inner
+        self.before = before
+        self.takers: list[str] = []
+
+    def __enter__(self) -> RecordingLock:
+        self.before()
+        self.inner.acquire()
+        self.takers.append(threading.current_thread().name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.release()

@@ -6,7 +6,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -14,6 +13,7 @@ import pytest
 
 import txns
 from persist import InvalidUsage
+from tests.helpers import RecordingLock
 from tests.isolation import workload
 from tests.isolation.checker import check
 from txns import TxnsHandle
@@ -357,24 +357,6 @@ def test_concurrent_commits_in_one_process_share_conditional_writes(db: txns.Dat
     assert len(meta) == 80
 
 
-class _RecordingLock:
-    """The handle lock as one collaborator sees it: the same lock, recording which threads took it."""
-
-    def __init__(self, inner: Any, before: Callable[[], None]) -> None:
-        self.inner = inner
-        self.before = before  # (called before each acquire)
-        self.takers: list[str] = []
-
-    def __enter__(self) -> _RecordingLock:
-        self.before()
-        self.inner.acquire()
-        self.takers.append(threading.current_thread().name)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.inner.release()
-
-
 def test_a_transaction_committed_in_another_threads_group_returns_without_the_handle_lock(db: txns.Database) -> None:
     """Only the thread that leads a group takes the handle lock to commit it; a member returns once its outcome
     is set. (Waiting for the lock, a member also waited out the next group's write, or its whole wait in the
@@ -387,7 +369,7 @@ def test_a_transaction_committed_in_another_threads_group_returns_without_the_ha
         while len(committer._queue) < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
 
-    lock = committer._lock = _RecordingLock(committer._lock, both_queued)  # type: ignore[assignment]
+    lock = committer._lock = RecordingLock(committer._lock, both_queued)  # type: ignore[assignment]
     grouped, groups = db.grouped_transactions, db.group_commits
 
     def worker(w: int) -> None:

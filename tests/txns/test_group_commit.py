@@ -19,7 +19,7 @@ import pytest
 from persist import Indeterminate, InvalidUsage, PersistClient
 from persist.location import CaSResult
 from persist.unreliable import Fault, Faults, Op
-from tests.helpers import file_url
+from tests.helpers import RecordingLock, file_url
 from tests.txns.model import SCHEMA, Store, consolidated, new_id
 from txns import TxnsHandle
 from txns import group_commit as group_commit_module
@@ -372,22 +372,6 @@ def _run_both_pending(gc: GroupCommitter, lock: Any, threads: list[threading.Thr
         t.join(30)
 
 
-class _RecordingLock:
-    """A committer's lock that records which threads took it."""
-
-    def __init__(self) -> None:
-        self.inner = threading.RLock()
-        self.takers: list[str] = []
-
-    def __enter__(self) -> _RecordingLock:
-        self.inner.acquire()
-        self.takers.append(threading.current_thread().name)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.inner.release()
-
-
 def test_a_thread_joined_to_a_direct_write_returns_without_taking_the_committers_lock(store: Store) -> None:
     """Only the thread that leads a direct write takes the lock: one whose transaction joined the write returns
     as soon as it landed. (Waiting for the lock, a joined thread also waited out the next thread's write, or a
@@ -396,7 +380,7 @@ def test_a_thread_joined_to_a_direct_write_returns_without_taking_the_committers
     txns_id, ds = _setup(client, 1)
     h = TxnsHandle.open(client, txns_id)
     gc = GroupCommitter(h, slow_s=3600)
-    lock = gc._lock = _RecordingLock()  # type: ignore[assignment]
+    lock = gc._lock = RecordingLock(gc._lock)  # type: ignore[assignment]
     txns = [h.begin() for _ in range(2)]
     for n, txn in enumerate(txns):
         txn.write(ds[0], (n,), ("v",), 1)
