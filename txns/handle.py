@@ -535,14 +535,28 @@ class TxnsHandle:
     def _record_updates(self, members: Sequence[CommitMember], ts: int) -> list[Any]:
         """The txns-shard updates adding the members' commit records at ``ts``.
 
-        Registers the commits shard too if it is new.
+        The records go in as few batches as stay inline (no blob write): up
+        to ``COMMIT_RECORD_MAX_BYTES`` of records each, a record alone if it
+        is bigger (metadata is bounded). One batch per member, built and
+        encoded one by one, was a third of a group commit's CPU on the
+        committing thread at 64 threads. Registers the commits shard too if
+        it is new.
         """
         w = self.data_writer(self.commits_id)
         now_ms = int(time.time() * 1000)
-        updates = []
-        for m in members:  # a batch each: each is inline (bounded metadata), no blob write
-            row = ((m.txn_id,), (ts, now_ms, encode_info(dict(m.tables), dict(m.metadata))))
-            updates.append(Entry(ts, self.commits_id, w.batch([(row, ts, 1)], ts, ts + 1).to_bytes()).update(ts, 1))
+        chunks: list[list[Any]] = []
+        size = 0
+        for m in members:
+            info = encode_info(dict(m.tables), dict(m.metadata))
+            update = (((m.txn_id,), (ts, now_ms, info)), ts, 1)
+            n = len(m.txn_id) + len(info.encode()) + 32
+            if chunks and size + n <= COMMIT_RECORD_MAX_BYTES:
+                chunks[-1].append(update)
+                size += n
+            else:
+                chunks.append([update])
+                size = n
+        updates = [Entry(ts, self.commits_id, w.batch(c, ts, ts + 1).to_bytes()).update(ts, 1) for c in chunks]
         if not self.cache.registered_at(self.commits_id, ts):
             # Registered in the same write as its first record. Its upper is
             # still 0 (nothing writes it outside commits), so registering at ts is valid.

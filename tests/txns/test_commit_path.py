@@ -206,3 +206,28 @@ def test_a_prerequisite_runs_right_before_the_write_and_can_stop_it(opened) -> N
     assert _cas_count(client, h.txns_id) == before + 1, "nothing was written"
     h.cache.sync()
     assert h.cache.frontier == 6
+
+
+def test_a_groups_commit_records_ride_in_as_few_inline_batches_as_fit(opened) -> None:
+    """One batch of records per commit, not one per member (each built and encoded on the committing
+    thread); a group whose records pass ``COMMIT_RECORD_MAX_BYTES`` splits, and nothing goes to a blob."""
+    from txns.commits import COMMIT_RECORD_MAX_BYTES
+
+    _client, h = opened
+    d = str(ShardId.new())
+    h.register(1, {d: SCHEMA})
+    big = "m" * (COMMIT_RECORD_MAX_BYTES // 4)  # three such records fit in a batch, four do not
+    for metadata, batches in (({}, 1), ({"note": big}, 4)):
+        txns = [h.begin(metadata={**metadata, "i": i}) for i in range(10)]
+        for i, t in enumerate(txns):
+            t.write(d, (i,), ("v",), 1)
+        txns[0].join(txns[1:])
+        ts = txns[0].commit_at(h, h.upper).commit_ts
+        records = [e for e in h.cache.entries if e.ts == ts and e.data_id == h.commits_id]
+        assert len(records) == batches
+        assert all(not r.parts and r.inline for e in records for r in e.decode_batch().runs)  # (no blob)
+        table = h.commit_records(ts)
+        mine = {t.id for t in txns}
+        got = {r["txn_id"]: r for r in table.to_pylist() if r["txn_id"] in mine}
+        assert set(got) == mine and all(r["commit_ts"] == ts for r in got.values())
+        assert all(h.commit_record(t.id).metadata == t.metadata for t in txns)  # type: ignore[union-attr]
