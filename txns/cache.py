@@ -7,6 +7,10 @@ Invariants:
 
 - ``frontier`` is a txns upper: every txns update at a time below it has been
   processed, and none at or above it.
+- ``frontier_reached`` is the highest ``frontier`` this cache has had. It
+  only ever rises, so a thread may read it without the lock its handle is
+  used under (a restart from a snapshot lowers ``frontier`` until it has
+  read the shard again; ``frontier_reached`` never goes back).
 - ``entries`` are the append entries present (added, not yet tidied) as of
   ``frontier``: the unapplied writes plus applied ones not yet retracted.
 - ``writes[d]`` holds the commit time of every write to data shard ``d`` at
@@ -108,6 +112,7 @@ class TxnsCache:
         self.track_batches = False
         self.seen_batches: dict[str, int] = {}
         self.tracked_from = 0
+        self.frontier_reached = 0
         self._start(reader)
 
     def _start(self, reader: ReadHandle | None = None) -> None:
@@ -168,7 +173,7 @@ class TxnsCache:
                 del w[: bisect.bisect_left(w, since)]
             self.frontier = self.since + 1
         else:
-            self.frontier = state.upper
+            self._moved(state.upper)
         # (commits before the snapshot's frontier may have been tidied away: not tracked)
         self.seen_batches = {}
         self.tracked_from = self.frontier
@@ -268,7 +273,7 @@ class TxnsCache:
             self._absorb(state)
             return
         self._process_updates(updates)
-        self.frontier = upper
+        self._moved(upper)
         self._trim(state.since)
 
     def _read_batches(self, state: ShardState) -> None:
@@ -291,7 +296,13 @@ class TxnsCache:
                     t = t.sort_by([("ts", "ascending")])
                     for (key, val), at, diff in to_updates(TXNS_SCHEMA, t):
                         self._process(Entry.from_kv(key, val), at, diff)
-            self.frontier = batch.upper
+            self._moved(batch.upper)
+
+    def _moved(self, frontier: int) -> None:
+        """Every update below ``frontier`` is processed: the frontier (and ``frontier_reached``) moves there."""
+        self.frontier = frontier
+        if frontier > self.frontier_reached:
+            self.frontier_reached = frontier
 
     def _process_updates(self, updates: Iterable[Any]) -> None:
         """Process ``((key, val), ts, diff)`` txns updates consolidated: diffs of equal ones summed, zeros

@@ -387,6 +387,52 @@ def test_a_transaction_committed_in_another_threads_group_returns_without_the_ha
     assert sorted(r["worker"] for r in events) == [0, 1]
 
 
+def test_the_latest_time_seen_is_read_without_the_handle_lock_and_never_goes_back(db: txns.Database) -> None:
+    """Every transaction begins at the latest time this process saw (``Timeline.cached_latest``), read without
+    the handle lock, which a group's leader holds through its write (at 64 threads in the S3 model, threads
+    waited there a quarter of their time). It never goes back, not even while the txns cache restarts from
+    a snapshot, which lowers its frontier until it has read the shard again."""
+    db.create_table("events", pa.schema([("worker", pa.int64()), ("i", pa.int64())]))
+    with db.transaction() as t:
+        t.insert("events", [{"worker": 0, "i": 0}])
+    seen = t.commit_info.ts  # type: ignore[union-attr]
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db.committer._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    try:
+        got: list[int | None] = []
+        reader = threading.Thread(target=lambda: got.append(db.timeline.cached_latest()))
+        reader.start()
+        reader.join(5)
+        assert got and got[0] is not None and got[0] >= seen, "cached_latest waited for the handle lock"
+    finally:
+        release.set()
+        holder.join(10)
+    cache = db.handle.cache
+    real = type(cache)._absorb
+    during: list[tuple[int, int | None]] = []
+
+    def absorb(self, state):  # type: ignore[no-untyped-def]
+        during.append((self.frontier, db.timeline.cached_latest()))
+        return real(self, state)
+
+    with db.committer._lock:
+        type(cache)._absorb = absorb  # type: ignore[method-assign]
+        try:
+            cache._start()  # (as when its hold lapsed)
+        finally:
+            type(cache)._absorb = real  # type: ignore[method-assign]
+    assert during and during[0][0] <= seen  # the restart's frontier fell back...
+    assert all(latest is not None and latest >= seen for _, latest in during)  # ...the latest time seen did not
+
+
 def test_strict_read_times_share_head_reads_but_never_one_started_earlier(db_url: str) -> None:
     from txns.db.oracle import SharedOracle
 
