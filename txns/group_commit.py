@@ -162,9 +162,15 @@ class QueueSwitch:
     most every ``probe_s``: a process whose direct writes win keeps winning
     (its last write made the state it holds, while everyone else must read
     it first), so without the look it would starve the queued transactions,
-    whose rounds lose every race to it. Each field changes by one assignment,
-    so threads may call it without a lock: a race costs at most one more
-    look at the queue.
+    whose rounds lose every race to it. Under a steady stream of commits
+    (the last call less than ``probe_s`` ago, and the last look less than
+    two ``probe_s``), the look runs in a thread of its own and what it finds
+    switches the next commits: the committing thread does not wait for the
+    listing (in the database at 64 threads in the S3 model, the leader of a
+    group waited 60 ms on it every half second, and so did every thread
+    waiting for the next write). Each field changes by one assignment, so
+    threads may call it without a lock: a race costs at most one more look
+    at the queue.
     """
 
     def __init__(self, blob: Blob, txns_id: str, contended_s: float, probe_s: float, slow_s: float) -> None:
@@ -175,6 +181,8 @@ class QueueSwitch:
         self.slow_s = slow_s
         self._until = 0.0  # (monotonic) contended until then
         self._probed_at = float("-inf")  # (monotonic) when the queue was last looked at
+        self._called_at = float("-inf")  # (monotonic) when contended was last called
+        self._probing = False  # whether a look runs in the background
 
     def lost(self, for_s: float | None = None) -> None:
         """A direct write contended: write through the queue for ``contended_s`` (or ``for_s``) from now."""
@@ -189,11 +197,22 @@ class QueueSwitch:
     def contended(self, mine: Callable[[], frozenset[str]] = frozenset) -> bool:
         """Whether to write through the queue now; ``mine``: the caller's own queued transactions (not others')."""
         now = time.monotonic()
+        steady = now - self._called_at < self.probe_s and now - self._probed_at < 2 * self.probe_s
+        self._called_at = now
         if now < self._until:
             return True
         if now - self._probed_at < self.probe_s:
             return False
         self._probed_at = now
+        if not steady:
+            return self._probe(mine)
+        if not self._probing:
+            self._probing = True
+            threading.Thread(target=self._probe_aside, args=(mine,), name="txns-queue-probe", daemon=True).start()
+        return False
+
+    def _probe(self, mine: Callable[[], frozenset[str]]) -> bool:
+        """Look at the queue (one listing): whether another's transaction waits there (then :meth:`lost`)."""
         try:
             waiting = queue_has_work(self.blob, self.txns_id, mine())
         except ExternalError as e:  # (direct then; the next look is soon)
@@ -202,6 +221,15 @@ class QueueSwitch:
         if waiting:
             self.lost()
         return waiting
+
+    def _probe_aside(self, mine: Callable[[], frozenset[str]]) -> None:
+        """:meth:`_probe` in a thread of its own (see the class doc)."""
+        try:
+            self._probe(mine)
+        except Exception as e:  # noqa: BLE001 - a look that failed is made again (direct until then)
+            log.debug("looking at the commit queue failed: %s", e)
+        finally:
+            self._probing = False
 
 
 def lease_key(txns_id: str) -> str:

@@ -741,6 +741,41 @@ def test_a_queued_commit_that_waited_long_keeps_the_next_commits_queued_without_
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((0,), ("a",)): 1, ((1,), ("a",)): 1, ((9,), ("o",)): 1}
 
 
+def test_under_steady_commits_the_queue_is_looked_at_aside_and_what_it_finds_queues_the_next(store: Store) -> None:
+    """A committer on the direct path looks at the queue every ``probe_s``: the first time (or after a pause)
+    before its write; under a steady stream of commits in a thread of its own, so that no write waits for
+    the listing (a request on S3); another's transaction found there queues the next commits."""
+    client = store.client()
+    txns_id, _ds = _setup(client, 1)
+    switch = group_commit_module.QueueSwitch(client.blob, txns_id, contended_s=60, probe_s=0.05, slow_s=1.0)
+    looks: list[str] = []
+    gate = threading.Event()
+    real = client.blob.list_keys
+
+    def gated(prefix: str):  # type: ignore[no-untyped-def]
+        looks.append(threading.current_thread().name)
+        if len(looks) > 1:
+            gate.wait(10)  # (a slow listing)
+        return real(prefix)
+
+    client.blob.list_keys = gated  # type: ignore[method-assign]
+    assert switch.contended() is False and looks == [threading.current_thread().name]  # the first: a look first
+    client.blob.set(f"{queue_prefix(txns_id)}pending/theirs", b"another process's transaction")
+    answers: list[bool] = []
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline and len(looks) < 2:  # commits every 10 ms: steady
+        caller = threading.Thread(target=lambda: answers.append(switch.contended()))
+        caller.start()
+        caller.join(1)
+        assert not caller.is_alive(), "a commit waited for the listing"
+        time.sleep(0.01)
+    assert looks[1:] == ["txns-queue-probe"] and answers and not any(answers)
+    gate.set()
+    while switch._probing:
+        time.sleep(0.005)
+    assert switch.contended() is True  # what the look found queues the next commits
+
+
 def test_a_lease_read_lists_from_the_latest_version_it_saw(store: Store) -> None:
     """Reading the lease passes the seqno seen last as the hint (on S3: no read of the key's head hint)."""
     client = store.client()
