@@ -110,7 +110,7 @@ class _KeyCounting:
         r = super()._run(op, what, call, written, read)  # type: ignore[misc]
         KEY_COUNTS.add(op, what, r)
         if CALL_LOG:
-            n = len(r) if isinstance(r, list) else ""
+            n = len(r) if isinstance(r, list) else "lost" if r is CaSResult.MISMATCH else ""
             CALL_LOG.debug("%s %s %s %.0f ms", op.value, what.split(" ")[0][-24:], n,
                            1000 * (time.perf_counter() - started))
         return r
@@ -308,6 +308,7 @@ def run_case(url: str, workload: str, procs: int, seconds: float) -> dict[str, A
     lat = sorted(x for r in rs for x in r["lat"])
     if BREAKDOWN:
         print("      per process:", [r["queue"] for r in rs])
+        print("      per process (commits, CPU s):", [(r["done"], round(r["cpu"], 2)) for r in rs])
         keys: collections.Counter[str] = sum((r["keys"] for r in rs), collections.Counter())
         per = max(1, len(lat))
         for k, c in sorted(keys.items(), key=lambda kv: -kv[1])[:25]:
