@@ -747,7 +747,7 @@ def test_under_steady_commits_the_queue_is_looked_at_aside_and_what_it_finds_que
     the listing (a request on S3); another's transaction found there queues the next commits."""
     client = store.client()
     txns_id, _ds = _setup(client, 1)
-    switch = group_commit_module.QueueSwitch(client.blob, txns_id, contended_s=60, probe_s=0.05, slow_s=1.0)
+    switch = group_commit_module.QueueSwitch(client.blob, txns_id, contended_s=60, probe_s=0.2, slow_s=1.0)
     looks: list[str] = []
     gate = threading.Event()
     real = client.blob.list_keys
@@ -762,7 +762,7 @@ def test_under_steady_commits_the_queue_is_looked_at_aside_and_what_it_finds_que
     assert switch.contended() is False and looks == [threading.current_thread().name]  # the first: a look first
     client.blob.set(f"{queue_prefix(txns_id)}pending/theirs", b"another process's transaction")
     answers: list[bool] = []
-    deadline = time.monotonic() + 0.2
+    deadline = time.monotonic() + 2
     while time.monotonic() < deadline and len(looks) < 2:  # commits every 10 ms: steady
         caller = threading.Thread(target=lambda: answers.append(switch.contended()))
         caller.start()
