@@ -416,19 +416,19 @@ def test_the_latest_time_seen_is_read_without_the_handle_lock_and_never_goes_bac
         release.set()
         holder.join(10)
     cache = db.handle.cache
-    real = type(cache)._absorb
+    real = cache._absorb
     during: list[tuple[int, int | None]] = []
 
-    def absorb(self, state):  # type: ignore[no-untyped-def]
-        during.append((self.frontier, db.timeline.cached_latest()))
-        return real(self, state)
+    def absorb(state):  # type: ignore[no-untyped-def]
+        during.append((cache.frontier, db.timeline.cached_latest()))
+        return real(state)
 
     with db.committer._lock:
-        type(cache)._absorb = absorb  # type: ignore[method-assign]
+        cache._absorb = absorb  # type: ignore[method-assign]  # (this cache only: not the applier's)
         try:
             cache._start()  # (as when its hold lapsed)
         finally:
-            type(cache)._absorb = real  # type: ignore[method-assign]
+            del cache._absorb
     assert during and during[0][0] <= seen  # the restart's frontier fell back...
     assert all(latest is not None and latest >= seen for _, latest in during)  # ...the latest time seen did not
 

@@ -771,7 +771,9 @@ def test_under_steady_commits_the_queue_is_looked_at_aside_and_what_it_finds_que
         time.sleep(0.01)
     assert looks[1:] == ["txns-queue-probe"] and answers and not any(answers)
     gate.set()
+    deadline = time.monotonic() + 10
     while switch._probing:
+        assert time.monotonic() < deadline, "the look aside never ended"
         time.sleep(0.005)
     assert switch.contended() is True  # what the look found queues the next commits
 
