@@ -90,21 +90,27 @@ def test_a_killed_applier_lease_holder_is_replaced_and_every_commit_is_applied_o
     applied: list[tuple[Any, ...]] = []
 
     def drain(timeout: float = 0.05) -> None:
-        until = time.monotonic() + 1.0  # (returns within about a second even while messages keep coming)
-        for i in reading:
-            try:
-                while time.monotonic() < until:
-                    m = outs[i].get(timeout=timeout)
-                    if m[0] == "ack":
-                        acked[m[1]].add(m[2])
-                    elif m[0] == "lease":
-                        holders[m[2]] = m[1]
-                    elif m[0] == "covered":
-                        covered.add(m[1])
-                    else:
-                        applied.append(m)
-            except queue.Empty:
-                pass
+        # A message from each queue in turn (a process that keeps sending does not starve the other's),
+        # until a turn finds none; returns within about a second even while messages keep coming.
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            got = False
+            for i in reading:
+                try:
+                    m = outs[i].get(timeout=timeout / len(reading))
+                except queue.Empty:
+                    continue
+                got = True
+                if m[0] == "ack":
+                    acked[m[1]].add(m[2])
+                elif m[0] == "lease":
+                    holders[m[2]] = m[1]
+                elif m[0] == "covered":
+                    covered.add(m[1])
+                else:
+                    applied.append(m)
+            if not got:
+                return
 
     try:
         # wait until one of them holds the lease (we know which) and has applied commits of the other
