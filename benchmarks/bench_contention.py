@@ -67,7 +67,7 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import moto_server, new_bucket_url, print_table
+from common import moto_server, new_bucket_url, print_table, quantile_ms
 
 import txns
 from persist.location import CaSResult
@@ -325,10 +325,10 @@ def run_case(url: str, workload: str, procs: int, seconds: float, settle_s: floa
     return {
         "per_s": in_window / seconds,
         "fewest": min(r["done"] for r in rs),
-        "p50": 1000 * lat[n // 2] if n else float("nan"),
-        "p99": 1000 * lat[min(n - 1, int(n * 0.99))] if n else float("nan"),
-        "max": 1000 * lat[-1] if n else float("nan"),
-        "p99 settled": 1000 * steady[min(len(steady) - 1, int(len(steady) * 0.99))] if steady else float("nan"),
+        "p50": quantile_ms(lat, 0.5),
+        "p99": quantile_ms(lat, 0.99),
+        "max": quantile_ms(lat, 1.0),
+        "p99 settled": quantile_ms(steady, 0.99),
         "lost": sum(r["lost"] for r in rs) / done,
         "calls": calls / done,
         "cpu_ms": 1000 * sum(r["cpu"] for r in rs) / done,

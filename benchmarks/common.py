@@ -491,6 +491,11 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def quantile_ms(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile (0.5: the median) of ``ordered`` (seconds, sorted) in milliseconds; NaN if empty."""
+    return 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+
 def print_table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> None:
     """A Markdown table (pasteable into benchmarks/README.md)."""
     if title:
