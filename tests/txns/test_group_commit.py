@@ -829,6 +829,36 @@ def test_a_joined_direct_write_failing_on_one_members_usage_error_commits_the_ot
     assert _contents(store.client(), txns_id, ds[:1])[ds[0]] == {((1,), ("good",)): 1}
 
 
+class _SequencerAndOther:
+    """A sequencer ``gc`` (holding the lease) and another process's committer whose transactions it queues."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        client = store.client()
+        self.txns_id, self.ds = _setup(client, 1)
+        self.gc = GroupCommitter(TxnsHandle.open(client, self.txns_id), direct=False)
+        self.other = TxnsHandle.open(store.client(), self.txns_id)
+        self.theirs = GroupCommitter(self.other, direct=False)
+        assert self.gc.lease.hold()
+
+    def foreign(self, n: int) -> None:
+        """The other process queues (PUTs) a transaction writing row ``n``."""
+        txn = self.other.begin()
+        txn.write(self.ds[0], (n,), ("theirs",), 1)
+        self.theirs._enqueue(_as_queued(txn, self.other.upper))
+
+    def hand(self, n: int) -> None:
+        """The sequencer's own process hands it a transaction writing row ``n`` (in memory)."""
+        mine = self.gc.handle.begin()
+        mine.write(self.ds[0], (n,), ("mine",), 1)
+        self.gc._hand_over([_as_queued(mine, self.gc.handle.cache.frontier)])
+
+    def close_and_contents(self) -> dict:
+        self.theirs.close()
+        self.gc.close()
+        return _contents(self.store.client(), self.txns_id, self.ds)[self.ds[0]]
+
+
 def test_rounds_for_handed_transactions_list_the_queue_while_another_process_queues(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -839,32 +869,17 @@ def test_rounds_for_handed_transactions_list_the_queue_while_another_process_que
     listing: it writes at once and reads the queue ahead, for the next round."""
     monkeypatch.setattr(group_commit_module, "LOCAL_ROUND_LIST_S", 60.0)
     monkeypatch.setattr(group_commit_module, "FOUND_LATELY_S", 60.0)
-    client = store.client()
-    txns_id, ds = _setup(client, 1)
-    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False)
-    other = TxnsHandle.open(store.client(), txns_id)
-    theirs = GroupCommitter(other, direct=False)
-
-    def foreign(n: int) -> None:
-        txn = other.begin()
-        txn.write(ds[0], (n,), ("theirs",), 1)
-        theirs._enqueue(_as_queued(txn, other.upper))
-
-    assert gc.lease.hold()
-    foreign(1)
+    two = _SequencerAndOther(store)
+    gc = two.gc
+    two.foreign(1)
     assert gc.run_round() == 1  # (found it: another process queues)
     assert gc.run_round() == 0  # (a listing that found the queue empty, just now)
-    foreign(2)  # (put in just after that listing)
-    mine = gc.handle.begin()
-    mine.write(ds[0], (3,), ("mine",), 1)
-    gc._hand_over([_as_queued(mine, gc.handle.cache.frontier)])
+    two.foreign(2)  # (put in just after that listing)
+    two.hand(3)
     assert gc.run_round() == 1  # (the handed one, at once)
     assert gc._ahead is not None, "the round for the handed transaction did not list the queue"
     assert gc.run_round() == 1  # (the next round: the listing read ahead found the other's)
-    theirs.close()
-    gc.close()
-    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("theirs",)): 1, ((2,), ("theirs",)): 1,
-                                                            ((3,), ("mine",)): 1}
+    assert two.close_and_contents() == {((1,), ("theirs",)): 1, ((2,), ("theirs",)): 1, ((3,), ("mine",)): 1}
 
 
 def test_a_handed_transaction_does_not_wait_for_the_listing_read_ahead(
@@ -873,21 +888,11 @@ def test_a_handed_transaction_does_not_wait_for_the_listing_read_ahead(
     """While another process queues, a round for transactions handed over in memory writes them at once: a
     listing still being read ahead (here: held up until released) is left to the next round, which commits the
     other process's object it found. (Waiting for it put a listing and a read before each of the sequencer's own
-    writes: 0.83-0.99x the 1-process rate at 2 processes in the S3 model.)"""
+    writes: 0.89-0.95x the 1-process rate at 2 processes in the S3 model.)"""
     monkeypatch.setattr(group_commit_module, "FOUND_LATELY_S", 60.0)
-    client = store.client()
-    txns_id, ds = _setup(client, 1)
-    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False)
-    other = TxnsHandle.open(store.client(), txns_id)
-    theirs = GroupCommitter(other, direct=False)
-
-    def foreign(n: int) -> None:
-        txn = other.begin()
-        txn.write(ds[0], (n,), ("theirs",), 1)
-        theirs._enqueue(_as_queued(txn, other.upper))
-
-    assert gc.lease.hold()
-    foreign(1)
+    two = _SequencerAndOther(store)
+    gc = two.gc
+    two.foreign(1)
     assert gc.run_round() == 1  # (found it: another process queues)
     assert gc.run_round() == 0  # (takes the listing that round read ahead: the queue is empty)
     release = threading.Event()
@@ -898,20 +903,15 @@ def test_a_handed_transaction_does_not_wait_for_the_listing_read_ahead(
         return read_queue(at, known)
 
     monkeypatch.setattr(gc, "_read_queue", held_up)
-    foreign(2)
+    two.foreign(2)
     gc._start_read_ahead()
     assert gc._ahead is not None
-    mine = gc.handle.begin()
-    mine.write(ds[0], (3,), ("mine",), 1)
-    gc._hand_over([_as_queued(mine, gc.handle.cache.frontier)])
+    two.hand(3)
     assert gc.run_round() == 1, "the handed transaction did not commit while the listing was read"
     assert gc._ahead is not None and not gc._ahead.done()  # (left for the next round)
     release.set()
     assert gc.run_round() == 1  # (the next round: the other's, from that listing)
-    theirs.close()
-    gc.close()
-    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("theirs",)): 1, ((2,), ("theirs",)): 1,
-                                                            ((3,), ("mine",)): 1}
+    assert two.close_and_contents() == {((1,), ("theirs",)): 1, ((2,), ("theirs",)): 1, ((3,), ("mine",)): 1}
 
 
 def test_rounds_for_handed_transactions_skip_listing_a_queue_found_empty(
