@@ -142,28 +142,48 @@ def moto_server() -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of an in-process moto S3 server (port chosen by the OS).
 
     Fake credentials are in the environment while it runs, and conditional
-    PUTs are atomic (see the module doc).
+    PUTs are atomic (see the module doc). Connections are kept alive between
+    requests, as S3 keeps them: see :func:`_serve_keep_alive`.
     """
-    from moto.server import ThreadedMotoServer
-    from werkzeug.serving import WSGIRequestHandler  # (moto's server is werkzeug's)
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    werkzeug_log = logging.getLogger("werkzeug")  # one INFO line per request is noise
-    old_level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.WARNING)
-    # Keep-alive, as S3 does: werkzeug's server speaks HTTP/1.0 by default, which closes the
-    # connection after every response (a TCP connect and a server thread per request).
-    old_protocol = WSGIRequestHandler.protocol_version
-    WSGIRequestHandler.protocol_version = "HTTP/1.1"
     with fake_aws_env(), atomic_moto_puts():
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
-            werkzeug_log.setLevel(old_level)
-            WSGIRequestHandler.protocol_version = old_protocol
+        with _serve_keep_alive(DomainDispatcherApplication(create_backend_app)) as endpoint:
+            yield endpoint
+
+
+@contextlib.contextmanager
+def _serve_keep_alive(app: Callable[..., Any]) -> Iterator[str]:
+    """Serve the WSGI ``app`` on 127.0.0.1 (port 0) with cheroot; yields its ``http://`` endpoint.
+
+    Not moto's own server, werkzeug's development server: it (3.1 here)
+    closes the connection after every response, whatever the handler's
+    protocol version, and then waits up to 10 ms for more of the request
+    body. So every request paid a TCP connect and a server thread, and a
+    refused conditional PUT 10 ms more. cheroot keeps HTTP/1.1 connections
+    alive, as S3 does, and answers ``Expect: 100-continue`` on empty bodies
+    (botocore sends it on every PutObject). See "S3 on loopback" in
+    ``benchmarks/README.md`` for what each request costs on either.
+    """
+    from cheroot import wsgi
+
+    server = wsgi.Server(
+        ("127.0.0.1", 0),
+        app,
+        numthreads=16,  # moto runs under one GIL: threads only overlap socket waits
+        request_queue_size=128,  # the listen backlog: 16 processes connect at once in the benchmarks
+        timeout=30,  # an idle kept-alive connection is closed after this (S3 closes them too)
+    )
+    server.keep_alive_conn_limit = 10_000  # every client keeps a pool (persist's: up to 64 each)
+    server.prepare()
+    port = server.bind_addr[1]
+    thread = threading.Thread(target=server.serve, name="moto-server", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+        thread.join(timeout=10)
 
 
 # ---- the conformance suite -------------------------------------------------------------
