@@ -67,7 +67,7 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import moto_server, new_bucket_url, print_table, quantile_ms
+from common import MOTO_SERVERS, moto_server, new_bucket_url, print_table, quantile_ms
 
 import txns
 from persist.location import CaSResult
@@ -360,12 +360,14 @@ def main() -> None:
     p.add_argument("--settle-s", type=float, default=3.0,
                    help="the 'settled' p99 counts the commits started this long or more into the window")
     p.add_argument("--breakdown", action="store_true", help="print storage calls per commit by operation and key")
+    p.add_argument("--moto-server", choices=MOTO_SERVERS, default="cheroot",
+                   help="what serves moto's app (werkzeug: moto's own, which closes every connection)")
     a = p.parse_args()
     BREAKDOWN = a.breakdown
     rows = []
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-contention-"))
-        endpoint = stack.enter_context(moto_server()) if "moto" in a.stores else ""
+        endpoint = stack.enter_context(moto_server(server=a.moto_server)) if "moto" in a.stores else ""
         weed = ""
         if "seaweedfs" in a.stores:
             from persist.testing import fake_aws_env

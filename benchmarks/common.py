@@ -45,7 +45,7 @@ if __name__ == "__main__":  # run as the moto server's child process
 
 from persist import PersistClient, PersistConfig
 from persist.location import Blob, CaSResult, Consensus, VersionedData
-from persist.testing import fake_aws_env
+from persist.testing import atomic_moto_puts, fake_aws_env
 from persist.testing import moto_server as in_process_moto
 from persist.url import Location, open_location
 
@@ -55,22 +55,31 @@ MB = 1 << 20
 # ---- moto ------------------------------------------------------------------------------
 
 
+MOTO_SERVERS = ("cheroot", "werkzeug")
+"""What serves moto's app: ``cheroot`` (:func:`persist.testing.moto_server`, connections kept
+alive, what the tests use) or ``werkzeug`` (moto's own server, which closes every connection
+after its response; the baseline of ``bench_moto_cost.py``)."""
+
+
 @contextlib.contextmanager
-def moto_server(in_process: bool = False) -> Iterator[str]:
+def moto_server(in_process: bool = False, server: str = "cheroot") -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a moto S3 server with atomic conditional PUTs.
 
     By default the server runs in a child process (this module run with
     ``--moto-server``), so that it does not compete with the measured client
-    for this process's GIL; it still shares the machine's cores.
+    for this process's GIL; it still shares the machine's cores. ``server``:
+    one of :data:`MOTO_SERVERS`.
     """
+    if server not in MOTO_SERVERS:
+        raise ValueError(f"moto server {server!r}: expected one of {', '.join(MOTO_SERVERS)}")
     with fake_aws_env():
         if in_process:
-            with in_process_moto() as endpoint:
+            with _moto(server) as endpoint:
                 _warm_up(endpoint)
                 yield endpoint
             return
         proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--moto-server"],
+            [sys.executable, os.path.abspath(__file__), "--moto-server", server],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -92,8 +101,30 @@ def moto_server(in_process: bool = False) -> Iterator[str]:
                 proc.wait()
 
 
-def _serve_moto_until_stdin_closes() -> None:
-    with in_process_moto() as endpoint:
+def _moto(server: str) -> contextlib.AbstractContextManager[str]:
+    return in_process_moto() if server == "cheroot" else _werkzeug_moto()
+
+
+@contextlib.contextmanager
+def _werkzeug_moto() -> Iterator[str]:
+    """moto's own server (werkzeug's), with the tests' atomic conditional PUTs: the old baseline."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one INFO line per request
+    with fake_aws_env(), atomic_moto_puts():
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+def _serve_moto_until_stdin_closes(server: str) -> None:
+    with _moto(server) as endpoint:
         print(endpoint, flush=True)
         sys.stdin.read()
 
@@ -523,5 +554,5 @@ def emit_json(path: str | None, results: dict) -> None:
         print(f"results written to {path}")
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--moto-server"]:
-    _serve_moto_until_stdin_closes()
+if __name__ == "__main__" and sys.argv[1:2] == ["--moto-server"]:
+    _serve_moto_until_stdin_closes(sys.argv[2])

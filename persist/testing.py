@@ -41,7 +41,9 @@ S3 on loopback
 
 :func:`moto_server` runs moto's S3 server in-process for the test suite and
 the benchmarks (and anyone testing code on persist). Needs the ``dev`` extra
-(moto).
+(moto, and cheroot, the HTTP server it runs moto's app on: it keeps
+connections alive between requests, as S3 does, where moto's own server
+closes each after its response).
 
 SUBTLE: moto's S3 PUT handler checks ``If-None-Match: *`` and then stores the
 object without holding any lock, so two racing conditional PUTs of the same
@@ -56,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import random
 import threading
@@ -147,9 +148,9 @@ def moto_server() -> Iterator[str]:
     """
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    with fake_aws_env(), atomic_moto_puts():
-        with _serve_keep_alive(DomainDispatcherApplication(create_backend_app)) as endpoint:
-            yield endpoint
+    app = DomainDispatcherApplication(create_backend_app)
+    with fake_aws_env(), atomic_moto_puts(), _serve_keep_alive(app) as endpoint:
+        yield endpoint
 
 
 @contextlib.contextmanager
