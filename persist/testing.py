@@ -163,8 +163,8 @@ def _serve_keep_alive(app: Callable[..., Any]) -> Iterator[str]:
     body. So every request paid a TCP connect and a server thread, and a
     refused conditional PUT 10 ms more. cheroot keeps HTTP/1.1 connections
     alive, as S3 does, and answers ``Expect: 100-continue`` on empty bodies
-    (botocore sends it on every PutObject). See "S3 on loopback" in
-    ``benchmarks/README.md`` for what each request costs on either.
+    (botocore sends it on every PutObject). ``benchmarks/README.md`` ("moto's
+    connections kept alive") has what each request costs on either.
     """
     from cheroot import wsgi
 
