@@ -18,11 +18,12 @@ The moto server runs in a child process (so it does not take the measured
 process's GIL) on 127.0.0.1 with a port the OS picks, with fake credentials
 in the environment. Its app is served by cheroot, which keeps connections
 alive as S3 does (:func:`persist.testing.moto_server`); ``server="werkzeug"``
-serves it on moto's own server instead, which closes every connection.
-It shares the machine's 2 cores with the benchmark, and its per-request
-latency (a few ms) is nothing like real S3's (tens of ms): request and byte counts carry over to S3, times do not. SUBTLE: moto's PutObject handler
-checks ``If-None-Match: *`` and stores the object without a lock, so two
-racing conditional PUTs can both win; :func:`moto_server` serializes moto's
+serves it on moto's own server instead, which closes every connection. It
+shares the machine's 2 cores with the benchmark, and its per-request latency
+(a few ms) is nothing like real S3's (tens of ms): request and byte counts
+carry over to S3, times do not. SUBTLE: moto's PutObject handler checks
+``If-None-Match: *`` and stores the object without a lock, so two racing
+conditional PUTs can both win; :func:`moto_server` serializes moto's
 server-side handler with one lock (:mod:`persist.testing`, shared with the
 tests) so that the compare-and-set arbitration is atomic, like real S3's.
 """
