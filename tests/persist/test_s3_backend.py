@@ -250,3 +250,34 @@ def test_delete_many_is_one_request_per_thousand_keys(
     blob.delete_many(keys)  # (most never written: not an error)
     assert requests == ["DeleteObjects", "DeleteObjects"]
     assert list(blob.list_keys("q/")) == []
+
+
+@pytest.mark.s3
+def test_the_moto_fixture_keeps_connections_alive_and_answers_an_empty_put(moto_endpoint: str) -> None:
+    """S3 keeps a client's connection open between requests; the tests' moto does too (moto's own server,
+    werkzeug's, closed it after every response). An empty PutObject (botocore sends ``Expect: 100-continue``
+    with it) is answered, not left waiting for a body."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(moto_endpoint)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", "/")  # (unsigned: refused, but answered over HTTP/1.1)
+        first = conn.getresponse()
+        first.read()
+        assert first.version == 11 and (first.getheader("Connection") or "").lower() != "close"
+        sock = conn.sock
+        conn.request("GET", "/")
+        conn.getresponse().read()
+        assert conn.sock is sock and sock is not None, "the second request went over the same connection"
+    finally:
+        conn.close()
+
+    import uuid
+
+    bucket = f"keep-alive-{uuid.uuid4().hex[:12]}"
+    client = make_client(moto_endpoint, "us-east-1", read_timeout=5, max_attempts=1)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="empty", Body=b"", IfNoneMatch="*")
+    assert client.get_object(Bucket=bucket, Key="empty")["Body"].read() == b""
