@@ -515,8 +515,7 @@ class GroupCommitter:
         # _wake, whose pause between rounds it would also cut short: one event for both took 2 processes in the
         # S3 model from 0.99-1.10x to 0.91-0.93x the 1-process rate.
         self._go = threading.Event()
-        self._handed_n = 0  # transactions handed over to this process's sequencer so far (under _lock)
-        self._taken_n = 0  # ... of those, the ones a round took into its bodies (under _lock)
+        self._taken_n = 0  # of the transactions handed over so far (``handed``), those a round took (under _lock)
         self._found_per_listing = 0.0  # new objects a listing found lately (EWMA; see _eager)
         self._round_done = threading.Condition()  # notified when a round of this process's committed (see _nap)
         self._round_gen = 0  # rounds of this process that committed (under _lock and _round_done)
@@ -1028,7 +1027,7 @@ class GroupCommitter:
         h = self.handle
         now = time.monotonic()
         eager = self._eager()
-        self._taken_n = self._handed_n  # (every transaction handed over so far is in _bodies)
+        self._taken_n = self.handed  # (every transaction handed over so far is in _bodies)
         local = any(k.startswith(LOCAL) for k in self._bodies)
         listing = self._take_read_ahead(now, wait=not eager)
         if listing is None and self._ahead is None:
@@ -1136,7 +1135,6 @@ class GroupCommitter:
         for q in qs:
             self._bodies[f"{LOCAL}{q.txn_id}"] = q
         self.handed += len(qs)
-        self._handed_n += len(qs)
         self._wake.set()
         self._go.set()
 
@@ -1147,7 +1145,7 @@ class GroupCommitter:
         is made for this one. (Waiting put a listing and a read before each of the sequencer's own writes:
         at 2 processes x 1 thread in the S3 model, 0.83-0.99x the 1-process rate. Not waiting at 16 x 8,
         where a listing finds dozens, halved the transactions per write and cost 12% of the rate.)"""
-        pending = self._handed_n - self._taken_n
+        pending = self.handed - self._taken_n
         return pending > 0 and self._found_per_listing < pending
 
     def _found_lately(self, now: float) -> bool:
