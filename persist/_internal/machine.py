@@ -116,12 +116,14 @@ class Machine:
         is in the chain). See :mod:`persist._internal.state_diff`.
         """
         cached = self._state
+        read: dict[int, VersionedData] = {}  # versions the catch-up read, for the chain to reuse
         if cached is not None and cached.seqno is not None:
             versions = self.consensus.scan(self.key, cached.seqno + 1, _CATCH_UP_VERSIONS)
             if len(versions) < _CATCH_UP_VERSIONS:
                 state = self._replay(cached, versions)
                 if state is not None:
                     return state
+            read = {v.seqno: v for v in versions}
         for _ in range(_REREADS):
             hint = cached.seqno if cached is not None else None
             head = self.consensus.head(self.key, hint)
@@ -136,12 +138,25 @@ class Machine:
             first = base
             if cached is not None and cached.seqno is not None and base <= cached.seqno < head.seqno:
                 start, first = cached, cached.seqno + 1
-            versions = self.consensus.scan(self.key, first, head.seqno - first) if head.seqno > first else []
+            versions = self._chain(first, head.seqno, read)
             state = self._replay(start, [*versions, head])
             if state is not None:
                 return state
             # A version of the chain vanished (truncated under a newer head): read again.
         raise Determinate(f"consensus {self.key}: the state's versions kept vanishing while reading")
+
+    def _chain(self, first: int, head: int, read: dict[int, VersionedData]) -> list[VersionedData]:
+        """The versions ``[first, head)``, oldest first: those in ``read`` (a catch-up's), the rest scanned.
+
+        (A handle more than ``_CATCH_UP_VERSIONS`` behind has read that many
+        before it learns so; its chain to the head mostly overlaps them, and
+        reading them again made such a read cost twice the GETs.)
+        """
+        have = first
+        while have < head and have in read:
+            have += 1
+        rest = self.consensus.scan(self.key, have, head - have) if head > have else []
+        return [read[s] for s in range(first, have)] + rest
 
     def _remember(self, state: ShardState, observed_at: float) -> None:
         with self._lock:

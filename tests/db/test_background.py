@@ -523,3 +523,42 @@ def test_an_abandoned_transaction_registers_nothing(db: txns.Database) -> None:
     db.handle.cache.sync()
     assert db.tables() == ["a"] and db.latest() == before
     assert set(db.handle.cache.registered_now()) == registered
+
+
+def test_the_worker_leaves_the_txns_shards_maintenance_to_the_process_that_sequences(
+    db: txns.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another process sequences the queue (``Applier.maintained_elsewhere``), the background worker's
+    applies leave the txns shard's maintenance to that process (whose writes there take turns with its
+    rounds instead of racing them), unless the shard has grown to ``TXNS_OVERGROWN_BATCHES`` batches."""
+    db.create_table("t", SCHEMA)
+    db._settle()
+    maintained: list[int] = []
+    real = TxnsHandle.maintain
+
+    def counting(self: TxnsHandle) -> None:
+        if threading.current_thread().name.startswith("txns-db-apply"):
+            maintained.append(len(self.writer.shard.state().batches))
+        real(self)
+
+    monkeypatch.setattr(TxnsHandle, "maintain", counting)
+
+    def commit(n: int) -> None:
+        with db.transaction() as t:
+            t.insert("t", table([n]))
+        assert db._settle(10)
+
+    db._applier.maintained_elsewhere = lambda: True
+    monkeypatch.setattr("txns.db.applier.TXNS_OVERGROWN_BATCHES", 10_000)
+    for n in range(3):
+        commit(n)
+    assert maintained == []
+    monkeypatch.setattr("txns.db.applier.TXNS_OVERGROWN_BATCHES", 1)  # (any shard is overgrown now)
+    commit(3)
+    assert maintained, "an overgrown txns shard is maintained whoever sequences"
+    maintained.clear()
+    db._applier.maintained_elsewhere = lambda: False
+    monkeypatch.setattr("txns.db.applier.TXNS_OVERGROWN_BATCHES", 10_000)
+    commit(4)
+    assert maintained
+    assert rows(db.table("t").to_arrow()) == rows(table(range(5)))

@@ -31,7 +31,9 @@ from persist._internal.state import (
     WriterState,
 )
 from persist._internal.state_diff import encode_diff, encode_version, read_version
-from persist.unreliable import Faults, Op
+from persist.location import Consensus, VersionedData
+from persist.unreliable import CountingConsensus, Faults, Op
+from persist.url import Location, open_location
 from tests.helpers import faulty_client, mem_url
 from tests.persist.model import SCHEMA, upd
 
@@ -209,6 +211,48 @@ def test_readers_from_nothing_and_from_behind_see_what_the_writer_wrote() -> Non
         run = run + 1 if k == DIFF_VERSION else 0
         assert run < 8
     assert follower.snapshot_and_fetch(39) == [upd(i, f"v{i}", 39) for i in range(40)]
+
+
+class _VersionsRead(CountingConsensus):
+    """Records the seqno of every version a scan or a head returned."""
+
+    def __init__(self, inner: Consensus) -> None:
+        super().__init__(inner)
+        self.seqnos: list[int] = []
+
+    def head(self, key: str, hint: int | None = None) -> VersionedData | None:
+        v = super().head(key, hint)
+        self.seqnos += [v.seqno] if v is not None else []
+        return v
+
+    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
+        vs = super().scan(key, from_seqno, limit)
+        self.seqnos += [v.seqno for v in vs]
+        return vs
+
+
+def test_a_handle_far_behind_reads_no_version_twice() -> None:
+    """Past ``_CATCH_UP_VERSIONS`` (16) behind, a read goes by the head's chain, and reuses the versions
+    its catch-up scan already read (it read those again: up to twice the GETs on S3)."""
+    url = mem_url("far-behind")
+    config = PersistConfig(inline_max_bytes=4096, compaction_enabled=False)
+    writer = PersistClient.open(url, config)
+    shard = ShardId.new()
+    w = writer.open_writer(shard, SCHEMA)
+    upper = 0
+    for behind in range(17, 41):
+        loc = open_location(url)
+        consensus = _VersionsRead(loc.consensus)
+        m = PersistClient(Location(url, loc.blob, consensus), config)._machine(shard)
+        m.fetch()
+        for _ in range(behind):
+            w.compare_and_append([upd(upper, "x", upper)], upper, upper + 1)
+            upper += 1
+        consensus.seqnos.clear()
+        assert m.fetch() == writer._machine(shard).state()
+        read = consensus.seqnos
+        assert len(read) == len(set(read)), f"{behind} behind: versions read twice: {sorted(read)}"
+        assert len(read) <= behind
 
 
 def test_truncation_keeps_every_chain_readable() -> None:

@@ -24,7 +24,15 @@ from tests.txns.model import SCHEMA, Store, consolidated, new_id
 from txns import TxnsHandle
 from txns import group_commit as group_commit_module
 from txns.errors import NotRegistered
-from txns.group_commit import GroupCommitFailed, GroupCommitter, Queued, SequencerLease, lease_key, queue_prefix
+from txns.group_commit import (
+    FIRST_LOOK_SHARE,
+    GroupCommitFailed,
+    GroupCommitter,
+    Queued,
+    SequencerLease,
+    lease_key,
+    queue_prefix,
+)
 from txns.txn import Txn
 
 
@@ -1127,7 +1135,7 @@ def test_a_writer_of_the_sequencing_process_learns_its_commit_when_the_round_end
     first.write(ds[0], (0,), ("a",), 1)
     gc.commit(first)  # (takes the lease: this process now sequences, in a background thread)
     assert gc._serving is not None
-    gc._wait_s = 60.0  # (a writer's first look would come after 30 s)
+    gc._found_s = 30.0 / FIRST_LOOK_SHARE  # (a writer's first look would come after 30 s)
     out: list[int] = []
 
     def commit(n: int) -> None:
@@ -1156,7 +1164,7 @@ def test_one_look_finds_the_commits_of_every_waiting_thread_of_a_process(store: 
     assert sequencer.lease.hold()  # (another process sequences: these writers only queue and look)
     h = TxnsHandle.open(client, txns_id)
     gc = GroupCommitter(h, direct=False, poll_s=0.0)  # (a read of the txns shard on every look)
-    gc._wait_s = 2.0  # (the first look after 1 s: by then the round below committed all of them)
+    gc._found_s = 1.0 / FIRST_LOOK_SHARE  # (the first look after 1 s: by then the round below committed all of them)
     syncs: list[float] = []
     real_sync = h.cache.sync
 
@@ -1187,6 +1195,124 @@ def test_one_look_finds_the_commits_of_every_waiting_thread_of_a_process(store: 
     gc.close()
     sequencer.close()
     assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(threads)}
+
+
+def test_a_slow_look_does_not_delay_the_next_first_look(store: Store) -> None:
+    """A writer's first look comes after a share of how long its process's transactions took to be found
+    committed lately, counted to the start of the look that found them, not to its end. (Counted to the
+    end, a look that took long made the next first look later, so more versions of the txns shard piled
+    up for it to read, so it took longer: on moto at 2 processes, queued commits waited 290 ms, of which
+    the looks took 150.)"""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    sequencer = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False, lease_ms=60_000)
+    assert sequencer.lease.hold()  # (another process sequences: this writer queues and looks)
+    stop = threading.Event()
+
+    def rounds() -> None:
+        while not stop.is_set():
+            sequencer.run_round()
+            time.sleep(0.002)
+
+    seq = threading.Thread(target=rounds)
+    seq.start()
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, direct=False)
+    look_s = 0.2
+    real_sync = h.cache.sync
+
+    def slow_sync() -> None:
+        real_sync()
+        time.sleep(look_s)  # (a look that reads many versions)
+
+    h.cache.sync = slow_sync  # type: ignore[method-assign]
+    try:
+        for n in range(12):
+            txn = h.begin()
+            txn.write(ds[0], (n,), ("a",), 1)
+            gc.commit(txn)
+    finally:
+        stop.set()
+        seq.join(30)
+        gc.close()
+        sequencer.close()
+    # found about when the rounds commit them (tens of ms); the looks' 200 ms are not in it
+    assert gc._pause(1) < look_s / 2, f"first look after {gc._pause(1):.3f} s"
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(12)}
+
+
+def test_the_sequencer_maintains_the_txns_shard_after_its_rounds_one_run_at_a_time(store: Store) -> None:
+    """The sequencing process runs ``maintain`` after rounds that committed, in a thread of its own, never two
+    runs at once (a round that ends while one runs starts none); a committer given none runs nothing."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    calls: list[str] = []
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def maintain() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            calls.append(threading.current_thread().name)
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, maintain=maintain)
+
+    def commit(t: int) -> None:
+        for n in range(10):
+            txn = gc.handle.begin()
+            txn.write(ds[0], (t * 100 + n,), ("a",), 1)
+            gc.commit(txn)
+
+    ts = [threading.Thread(target=commit, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    gc.close()
+    assert calls and all(name.startswith("txns-sequencer-maintain") for name in calls), calls
+    assert most[0] == 1
+    assert len(calls) <= gc.rounds
+    want = {((t * 100 + n,), ("a",)): 1 for t in range(4) for n in range(10)}
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == want
+
+
+def test_a_writer_knows_another_process_sequences_once_its_round_committed_the_writers_transaction(
+    store: Store,
+) -> None:
+    """``another_sequences``: true in a process whose queued transaction another process's round committed
+    (for ``contended_s``), or while another holds the sequencer lease as last read; never in the process that
+    sequences. (The database leaves the txns shard's maintenance to that process then.)"""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    sequencer = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False, lease_ms=60_000)
+    assert sequencer.lease.hold()
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False, contended_s=0.3, lease_ms=60_000)
+    assert not gc.another_sequences()  # (nothing known yet)
+    out: list[int] = []
+    txn = gc.handle.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    writer = threading.Thread(target=lambda: out.append(gc.commit(txn).commit_ts))
+    writer.start()
+    deadline = time.monotonic() + 10
+    while not _queue_keys(client, txns_id) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sequencer.run_round() == 1
+    writer.join(30)
+    assert out
+    assert gc.another_sequences()  # (another's round committed its transaction; the lease read names it too)
+    assert not sequencer.another_sequences()
+    sequencer.lease.release()
+    assert gc.lease.hold(fresh=True)  # (read again: free, so this process takes it, and knows no other holder)
+    assert gc.another_sequences()  # (the other's round committed its transaction within contended_s)
+    time.sleep(0.35)
+    assert not gc.another_sequences()
+    gc.lease.release()
+    gc.close()
+    sequencer.close()
 
 
 def test_an_error_looking_up_one_threads_transaction_goes_to_that_thread_not_the_one_looking(store: Store) -> None:

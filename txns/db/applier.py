@@ -82,7 +82,7 @@ from typing import Any
 from persist import PersistClient
 from txns.db.pool import in_pool, pool
 from txns.group_commit import SequencerLease
-from txns.handle import TxnsHandle
+from txns.handle import TXNS_MAINTAIN_BATCHES, TxnsHandle
 from txns.txn import Tidy
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,10 @@ DUTY_POLL_S = 0.25
 maintenance, is some requests and a conditional write or two on the txns shard; readers never wait for it)."""
 ON_DUTY_S = 5.0
 """The lease holder keeps applying everyone's commits while its own process committed within this long."""
+TXNS_OVERGROWN_BATCHES = 4 * TXNS_MAINTAIN_BATCHES
+"""A worker maintains the txns shard after its applies even while another process does (the sequencer:
+``Applier.maintained_elsewhere``) once the shard holds this many batches: that process may not (an older
+version, or one that stopped sequencing without this one reading the lease since)."""
 
 AfterApply = Callable[[TxnsHandle, int, dict[str, Any]], None]
 
@@ -149,6 +153,9 @@ class Applier:
         self.applies = 0
         self.failures = 0
         self.covered = 0
+        #: whether another process maintains the txns shard now (the database's: another process
+        #: sequences its queue); then this worker's applies leave the shard's maintenance to it
+        self.maintained_elsewhere: Callable[[], bool] | None = None
         _open.add(self)
 
     # ---- the committing side ------------------------------------------------------------------
@@ -330,6 +337,15 @@ class Applier:
         self._retry_at = now + wait_s
         return through
 
+    def _maintained_elsewhere(self, handle: TxnsHandle) -> bool:
+        """Whether another process maintains the txns shard now (``maintained_elsewhere``), and the shard
+        has not grown to ``TXNS_OVERGROWN_BATCHES`` batches (then this worker maintains it anyway: the
+        other may not)."""
+        elsewhere = self.maintained_elsewhere
+        if elsewhere is None or not elsewhere():
+            return False
+        return len(handle.writer.shard.state().batches) < TXNS_OVERGROWN_BATCHES
+
     def _apply(self, ts: int | None, ids: dict[str, Any]) -> None:
         """Apply up to ``ts``, or (``None``, or holding the lease) up to the txns upper; then the maintenance."""
         handle = self._handle
@@ -371,8 +387,10 @@ class Applier:
                 self._mine = {t for t in self._mine if t > self._applied}
             if foreign:  # another process commits: apply once, through the lease
                 self._contended_until = time.monotonic() + CONTENDED_S
-            # the txns shard's own compaction and GC, kept off the committing path (best effort)
-            handle.maintain()
+            # the txns shard's own compaction and GC, kept off the committing path (best effort); left
+            # to the process that sequences the queue while another does (see maintained_elsewhere)
+            if not self._maintained_elsewhere(handle):
+                handle.maintain()
             if self._after_apply is not None:
                 # (the holder also moves the holds of the shards it applied for other processes)
                 written = {**{e.data_id: None for e in tidy.entries}, **ids}

@@ -171,6 +171,9 @@ class Committer:
         self._shared: deque[int] = deque(maxlen=SHARED_COMMITS_KEPT)  # times at which a group of 2+ committed
         #: write-only groups that lost a race go through the cross-process queue (made on first need)
         self._queue_committer: GroupCommitter | None = None
+        #: the txns handle the queue's sequencer maintains the txns shard with (its own: the sequencer
+        #: thread uses the queue committer's)
+        self._maintenance_handle: TxnsHandle | None = None
         #: whether write-only groups go straight to the queue (a lost race lately, or others waiting there)
         self._switch = QueueSwitch(client.blob, handle.txns_id, QUEUE_AFTER_LOST_S, QUEUE_PROBE_S, QUEUED_SLOW_S)
 
@@ -185,6 +188,15 @@ class Committer:
             self._queue_committer.close()
             self._queue_committer.handle.close()
             self._queue_committer = None
+        if self._maintenance_handle is not None:
+            self._maintenance_handle.close()
+            self._maintenance_handle = None
+
+    def another_sequences(self) -> bool:
+        """Whether another process sequences the cross-process queue (as last read; no request): then
+        that process maintains the txns shard, and this one's background worker leaves it alone."""
+        qc = self._queue_committer
+        return qc is not None and qc.another_sequences()
 
     def begin(self, metadata: dict[str, Any]) -> Txn:
         """A core transaction whose commit record carries ``metadata`` (what history shows)."""
@@ -367,12 +379,14 @@ class Committer:
         if self._queue_committer is None:
             oracle = self._oracles.oracle()
             handle = TxnsHandle.open(self.client, self.handle.txns_id, hold=False)
-            handle.maintain_on_commit = False  # (the background worker maintains the txns shard)
+            handle.maintain_on_commit = False  # (maintained after rounds, below, or by the background worker)
+            self._maintenance_handle = TxnsHandle.open(self.client, self.handle.txns_id, hold=False)
             self._queue_committer = GroupCommitter(
                 handle,
                 ts_fn=lambda upper: max(upper, oracle.write_ts()),
                 lead_fn=lambda s: clock.ts_of_ms(int(s * 1000)) + 1,  # (hybrid timestamps: ms above a counter)
                 direct=False,
+                maintain=self._maintenance_handle.maintain,
             )
         if group[0].txn.uncertain:
             # SUBTLE: an earlier attempt of this group (all its members, joined)
