@@ -106,10 +106,12 @@ DUTY_POLL_S = 0.25
 maintenance, is some requests and a conditional write or two on the txns shard; readers never wait for it)."""
 ON_DUTY_S = 5.0
 """The lease holder keeps applying everyone's commits while its own process committed within this long."""
-TXNS_OVERGROWN_BATCHES = 4 * TXNS_MAINTAIN_BATCHES
+TXNS_OVERGROWN_BATCHES = 8 * TXNS_MAINTAIN_BATCHES
 """A worker maintains the txns shard after its applies even while another process does (the sequencer:
 ``Applier.maintained_elsewhere``) once the shard holds this many batches: that process may not (an older
-version, or one that stopped sequencing without this one reading the lease since)."""
+version, or one that stopped sequencing without this one reading the lease since). Not lower: on
+``file://`` a sequencer's rounds add 40 or more batches between its maintenance runs (at most every
+``SEQUENCER_MAINTAIN_EVERY_S``), and at 32 the other process maintained too, losing races to the rounds."""
 
 AfterApply = Callable[[TxnsHandle, int, dict[str, Any]], None]
 
