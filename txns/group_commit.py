@@ -56,10 +56,11 @@ through a **queue** when there is contention:
    listings lately found fewer new objects than there are of them: their
    round neither waits for a listing being read nor makes one. Given a
    ``maintain`` function (the database's: the txns shard's compaction and
-   GC), the sequencing process runs it after each round that committed, in
-   a thread of its own (:meth:`GroupCommitter._maintain_after_round`), and
-   :meth:`GroupCommitter.another_sequences` tells other processes to leave
-   that maintenance to it.
+   GC), the sequencing process runs it after a round that committed (at
+   most every ``SEQUENCER_MAINTAIN_EVERY_S``), in a thread of its own
+   (:meth:`GroupCommitter._maintain_after_round`); :attr:`GroupCommitter.sequencing`
+   and :meth:`GroupCommitter.another_sequences` tell the database's
+   background workers to leave that maintenance to it.
 4. **Learn.** A writer waits for its batches to appear in the txns log
    (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
    it learns its commit time from the log itself, from whichever sequencer
@@ -1051,6 +1052,11 @@ class GroupCommitter:
             self._maintaining = self._maintainer.submit(run)
         except RuntimeError:  # (closed meanwhile)
             pass
+
+    @property
+    def sequencing(self) -> bool:
+        """Whether this process sequences now (its sequencer thread runs)."""
+        return self._serving is not None
 
     def another_sequences(self) -> bool:
         """Whether another process sequences, as far as this one knows (no request): this process does not,

@@ -528,7 +528,7 @@ def test_an_abandoned_transaction_registers_nothing(db: txns.Database) -> None:
 def test_the_worker_leaves_the_txns_shards_maintenance_to_the_process_that_sequences(
     db: txns.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While another process sequences the queue (``Applier.maintained_elsewhere``), the background worker's
+    """While another process sequences the queue (``Applier.sequencer_maintains``), the background worker's
     applies leave the txns shard's maintenance to that process (whose writes there take turns with its
     rounds instead of racing them), unless the shard has grown to ``TXNS_OVERGROWN_BATCHES`` batches."""
     db.create_table("t", SCHEMA)
@@ -548,7 +548,7 @@ def test_the_worker_leaves_the_txns_shards_maintenance_to_the_process_that_seque
             t.insert("t", table([n]))
         assert db._settle(10)
 
-    db._applier.maintained_elsewhere = lambda: True
+    db._applier.sequencer_maintains = lambda: True
     monkeypatch.setattr("txns.db.applier.TXNS_OVERGROWN_BATCHES", 10_000)
     for n in range(3):
         commit(n)
@@ -557,7 +557,7 @@ def test_the_worker_leaves_the_txns_shards_maintenance_to_the_process_that_seque
     commit(3)
     assert maintained, "an overgrown txns shard is maintained whoever sequences"
     maintained.clear()
-    db._applier.maintained_elsewhere = lambda: False
+    db._applier.sequencer_maintains = lambda: False
     monkeypatch.setattr("txns.db.applier.TXNS_OVERGROWN_BATCHES", 10_000)
     commit(4)
     assert maintained

@@ -108,7 +108,7 @@ ON_DUTY_S = 5.0
 """The lease holder keeps applying everyone's commits while its own process committed within this long."""
 TXNS_OVERGROWN_BATCHES = 8 * TXNS_MAINTAIN_BATCHES
 """A worker maintains the txns shard after its applies even while another process does (the sequencer:
-``Applier.maintained_elsewhere``) once the shard holds this many batches: that process may not (an older
+``Applier.sequencer_maintains``) once the shard holds this many batches: that process may not (an older
 version, or one that stopped sequencing without this one reading the lease since). Not lower: on
 ``file://`` a sequencer's rounds add 40 or more batches between its maintenance runs (at most every
 ``SEQUENCER_MAINTAIN_EVERY_S``), and at 32 the other process maintained too, losing races to the rounds."""
@@ -155,9 +155,9 @@ class Applier:
         self.applies = 0
         self.failures = 0
         self.covered = 0
-        #: whether another process maintains the txns shard now (the database's: another process
-        #: sequences its queue); then this worker's applies leave the shard's maintenance to it
-        self.maintained_elsewhere: Callable[[], bool] | None = None
+        #: whether a sequencer of the queue (this process's or another's) maintains the txns shard now
+        #: (the database's); then this worker's applies leave the shard's maintenance to it
+        self.sequencer_maintains: Callable[[], bool] | None = None
         _open.add(self)
 
     # ---- the committing side ------------------------------------------------------------------
@@ -340,10 +340,11 @@ class Applier:
         return through
 
     def _maintained_elsewhere(self, handle: TxnsHandle) -> bool:
-        """Whether another process maintains the txns shard now (``maintained_elsewhere``), and the shard
-        has not grown to ``TXNS_OVERGROWN_BATCHES`` batches (then this worker maintains it anyway: the
-        other may not)."""
-        elsewhere = self.maintained_elsewhere
+        """Whether a sequencer maintains the txns shard now (``sequencer_maintains``), and the shard has
+        not grown to ``TXNS_OVERGROWN_BATCHES`` batches (then this worker maintains it anyway: the
+        sequencer may not). (In the sequencing process too: its worker and its sequencer both
+        maintaining planned the same compactions twice, one of them thrown away.)"""
+        elsewhere = self.sequencer_maintains
         if elsewhere is None or not elsewhere():
             return False
         return len(handle.writer.shard.state().batches) < TXNS_OVERGROWN_BATCHES
@@ -390,7 +391,7 @@ class Applier:
             if foreign:  # another process commits: apply once, through the lease
                 self._contended_until = time.monotonic() + CONTENDED_S
             # the txns shard's own compaction and GC, kept off the committing path (best effort); left
-            # to the process that sequences the queue while another does (see maintained_elsewhere)
+            # to the queue's sequencer while there is one (see sequencer_maintains)
             if not self._maintained_elsewhere(handle):
                 handle.maintain()
             if self._after_apply is not None:

@@ -192,11 +192,12 @@ class Committer:
             self._maintenance_handle.close()
             self._maintenance_handle = None
 
-    def another_sequences(self) -> bool:
-        """Whether another process sequences the cross-process queue (as last read; no request): then
-        that process maintains the txns shard, and this one's background worker leaves it alone."""
+    def sequencer_maintains(self) -> bool:
+        """Whether the cross-process queue has a sequencer, this process's or another's (as last read; no
+        request): then it maintains the txns shard after its rounds, and this process's background worker
+        leaves that alone."""
         qc = self._queue_committer
-        return qc is not None and qc.another_sequences()
+        return qc is not None and (qc.sequencing or qc.another_sequences())
 
     def begin(self, metadata: dict[str, Any]) -> Txn:
         """A core transaction whose commit record carries ``metadata`` (what history shows)."""

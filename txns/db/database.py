@@ -177,7 +177,7 @@ class Database:
         )
         self._applier = Applier(client, root.txns_id, self.maintenance.after_apply)
         self.committer = Committer(client, h, lock, self.oracles, self._applier, self.planner, self.catalogs)
-        self._applier.maintained_elsewhere = self.committer.another_sequences
+        self._applier.sequencer_maintains = self.committer.sequencer_maintains
         self.history_reader = History(h, lock, self.planner, self.latest, self.entry)
         #: intents submitted and resolved through this object (txns.db.intents)
         self.intent_state = IntentState()
