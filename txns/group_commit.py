@@ -61,10 +61,18 @@ through a **queue** when there is contention:
    (:meth:`GroupCommitter._maintain_after_round`); :attr:`GroupCommitter.sequencing`
    and :meth:`GroupCommitter.another_sequences` tell the database's
    background workers to leave that maintenance to it.
-4. **Learn.** A writer waits for its batches to appear in the txns log
-   (``TxnsCache.seen_batches``, recorded as its cache follows the shard), so
-   it learns its commit time from the log itself, from whichever sequencer
-   committed it; it looks first after three quarters of how long its
+4. **Learn.** A writer of a process that does not sequence reads its
+   transaction's *commit note*, ``{txns_id}/queue/committed/{txn_id}``:
+   the sequencer that settles another process's queued transaction as
+   committed writes its commit time there at the end of the round, before
+   it deletes the object (:meth:`GroupCommitter._delete_doomed`). The
+   writer deletes the notes it read, several in one request, and the
+   sequencing process sweeps those nobody read. Without a note after its
+   patience (``NOTE_PATIENCE_S``) a writer waits for its batches to appear
+   in the txns log (``TxnsCache.seen_batches``, recorded as its cache
+   follows the shard), so it learns its commit time from the log itself,
+   from whichever sequencer committed it; it looks first after three
+   quarters of how long its
    process's transactions took lately to be found committed, then at a
    growing interval (:meth:`GroupCommitter._pause`); one look (one read
    of the txns shard) finds the commits of every waiting thread of the
@@ -76,7 +84,8 @@ Invariants (nothing submitted is lost or committed twice):
 
 - *Not lost.* An object is deleted only after its transaction is known
   committed (by a sequencer that committed it, or one that found it in the
-  log or its commit record), or after a failure was published for it
+  log or its commit record) and its commit note was written (or failed to
+  be: its writer then reads the log), or after a failure was published for it
   (``{txns_id}/queue/failed/{txn_id}``: its shard was forgotten). Until then
   every round of every sequencer tries it; a sequencer that dies leaves the
   objects for the next.
@@ -96,14 +105,16 @@ Invariants (nothing submitted is lost or committed twice):
 Costs, per transaction through the queue: one PUT (its object), one GET of
 it, and its share of a round (one LIST, one conditional write and one
 ``Blob.delete_many`` of the round's objects: one DeleteObjects request on
-S3); a waiting writer reads the txns state a few times (once per process
-however many threads wait) and the lease about once. A committer on the
+S3), the PUT of its commit note, the writer's GET of it (once or twice)
+and its share of one DeleteObjects of read notes; the writer reads the
+lease about once, and the txns state only when a note is late. A committer on the
 direct path lists the queue every ``probe_s``, unless its last queued commit
 waited longer than ``slow_s``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -131,6 +142,15 @@ SEQUENCER_MAINTAIN_EVERY_S = 0.25
 compaction is a version of the txns shard that every other process reads; run after every round, it
 compacted 8 batches at a time, 9 times as often as the background worker had (0.18 compactions per
 commit on moto at 2 processes, against 0.02), and cost more requests than its lost races had."""
+NOTE_PATIENCE_S = 1.0
+"""A waiting writer that finds no commit note reads the txns log for its transaction once it has waited this
+long plus twice how long its process's transactions took lately to be found (see :meth:`GroupCommitter._look`)."""
+LOG_AFTER_MISSING_NOTE_S = 60.0
+"""After the log showed a commit whose note was missing (a sequencer died between its write and its notes, or
+writes none), a process's writers read the log at every look for this long."""
+NOTE_SWEEP_S = 300.0
+"""The sequencing process deletes commit notes that two of its sweeps this far apart both found (their writer
+stopped before reading them)."""
 KIND_QUEUED = 4
 """The framing kind of a queued transaction's object."""
 KIND_LEASE = 5
@@ -268,10 +288,15 @@ class Queued:
     uncertain: bool
     batch_ids: frozenset[str]
     txn: bytes
+    #: the committer that queued it ("": one that reads no commit notes, an older version: none is
+    #: written for it)
+    writer: str = ""
 
     def encode(self) -> bytes:
-        head = {"txn_id": self.txn_id, "seen_upper": self.seen_upper, "uncertain": self.uncertain,
-                "batch_ids": sorted(self.batch_ids)}
+        head: dict[str, Any] = {"txn_id": self.txn_id, "seen_upper": self.seen_upper, "uncertain": self.uncertain,
+                                "batch_ids": sorted(self.batch_ids)}
+        if self.writer:
+            head["writer"] = self.writer
         h = json.dumps(head, separators=(",", ":")).encode()
         return frame(KIND_QUEUED, len(h).to_bytes(4, "big") + h + self.txn)
 
@@ -280,8 +305,9 @@ class Queued:
         body = unframe(what, data, KIND_QUEUED)
         n = int.from_bytes(body[:4], "big")
         head = json.loads(body[4 : 4 + n])
+        writer = str(head.get("writer", ""))
         return Queued(head["txn_id"], head["seen_upper"], head["uncertain"], frozenset(head["batch_ids"]),
-                      body[4 + n :])
+                      body[4 + n :], writer if writer.isascii() and writer.isalnum() else "")
 
 
 class SequencerLease:
@@ -442,9 +468,10 @@ class _Listing:
 class _MembersCommitted(Exception):
     """A sequencer's write gave up: these queued objects' transactions committed meanwhile (see ``_round``)."""
 
-    def __init__(self, keys: list[str]) -> None:
-        super().__init__(f"{len(keys)} queued transaction(s) committed meanwhile")
-        self.keys = set(keys)
+    def __init__(self, committed: dict[str, int]) -> None:
+        super().__init__(f"{len(committed)} queued transaction(s) committed meanwhile")
+        self.committed = committed  # their commit times, by queue key
+        self.keys = set(committed)
 
 
 class _Waiting:
@@ -525,6 +552,21 @@ class GroupCommitter:
         self._lock = threading.RLock()
         self._switch = QueueSwitch(self.blob, handle.txns_id, contended_s, probe_s, slow_s)
         self._synced_at = 0.0  # when a waiting writer last read the txns shard
+        # the writer's side of commit notes (see _look): the notes read and not yet deleted, when they were last
+        # deleted, when the log last showed a commit whose note was missing, and the least upper the notes
+        # read imply (a commit at ts landed: the upper is past ts)
+        self._spent_notes: set[str] = set()
+        self._spent_at = 0.0
+        self._note_missing_at = float("-inf")
+        self._upper_seen = 0
+        #: this committer's name in its queued transactions: a sequencer writes commit notes for the
+        #: transactions of writers other than itself (its own learn theirs from its rounds)
+        self.writer_id = uuid.uuid4().hex[:16]
+        # the sequencer's side: other processes' transactions settled in this round, with their commit times
+        # (under _lock), and the notes its last sweep found (see _sweep_notes)
+        self._notes: list[tuple[str, int]] = []
+        self._swept_at = time.monotonic()
+        self._swept: frozenset[str] = frozenset()
         self._serving: threading.Thread | None = None  # the background sequencer, while this process holds the lease
         self._closed = False
         self._bodies: dict[str, Queued] = {}  # queued objects read by this sequencer, by key (LOCAL...: handed)
@@ -563,6 +605,7 @@ class GroupCommitter:
         # under _pending_lock: this committer's transactions in the queue (waiting), by id; the commit times
         # a look found for them (see _look); whether a thread is looking, and how many looks ended
         self._in_queue: dict[str, Queued] = {}
+        self._queued_at: dict[str, float] = {}  # (monotonic) when each of them was queued
         self._learned: dict[str, int | Exception] = {}
         self._looking = False
         self._look_gen = 0
@@ -587,6 +630,7 @@ class GroupCommitter:
             serving.join()
         with self._lock:
             self.lease.release()
+        self._delete_spent_notes(force=True)
         self._ahead_pool.shutdown(wait=True)  # (before the reads it makes stop being served)
         self._deleter.shutdown(wait=True)
         self._maintainer.shutdown(wait=True)
@@ -733,18 +777,22 @@ class GroupCommitter:
                     results[i] = h.commit(txn, at=self.ts_fn(h.upper))
                 continue
             with self._lock:
-                seen = h.cache.frontier
-            q = Queued(txn.id, seen, txn.uncertain, batch_ids, txn.to_bytes())
+                # (a commit note read lately says the upper passed its commit time: at most the true upper)
+                seen = max(h.cache.frontier, self._upper_seen)
+            q = Queued(txn.id, seen, txn.uncertain, batch_ids, txn.to_bytes(), self.writer_id)
             txn.uncertain = True  # from here on a sequencer may commit it: any later commit looks it up first
             waiting.append((i, txn, q, tuple(sorted(batches))))
         with self._pending_lock:
             self._in_queue.update((q.txn_id, q) for _, _, q, _ in waiting)
+            now = time.monotonic()
+            self._queued_at.update((q.txn_id, now) for _, _, q, _ in waiting)
         try:
             return self._wait_queued(txns, waiting, results)
         finally:
             with self._pending_lock:
                 for _, _, q, _ in waiting:
                     self._in_queue.pop(q.txn_id, None)
+                    self._queued_at.pop(q.txn_id, None)
                     self._learned.pop(q.txn_id, None)
 
     def _wait_queued(
@@ -825,12 +873,24 @@ class GroupCommitter:
     def _look(self) -> int:
         """Look for the commits of this process's queued transactions, for every waiting thread at once.
 
-        One thread at a time looks (``_looking``): under the lock it reads
-        the txns shard (at most every ``poll_s``; not while this process
-        sequences: its rounds move the view past each commit they make),
-        checks every transaction of this process still waiting, and leaves
-        each one's commit time in ``_learned``; then it wakes the others
-        (``_looked``). A thread that finds a look in progress waits for it
+        One thread at a time looks (``_looking``). In a process that does
+        not sequence, it first reads the **commit note** of each waiting
+        transaction (``{txns_id}/queue/committed/{txn_id}``: its commit time,
+        written by the sequencer that settled it; one GET each, in parallel,
+        see :meth:`_read_notes`). Only for a transaction with no note after
+        ``NOTE_PATIENCE_S`` plus twice ``_found_s`` (or for
+        ``LOG_AFTER_MISSING_NOTE_S`` after the log showed a commit whose
+        note was missing) does it read the txns shard, under the lock (at
+        most every ``poll_s``; never while this process sequences: its
+        rounds move the view past each commit they make). It checks every
+        transaction of this process still waiting against that view, and
+        leaves each one's commit time in ``_learned``; then it wakes the
+        others (``_looked``). (Reading the log, every process that did not
+        sequence read every version of the txns shard, one GET each: on moto
+        at 8 processes, half of all requests. Listing a writer's notes, their
+        names holding the commit times, was tried too: one request per look
+        for all threads, but a listing costs more than a GET on moto, and 12
+        times as much on S3.) A thread that finds a look in progress waits for it
         instead of for the lock, so a read of the txns shard serves every
         thread, and no thread reads it again before the others saw what it
         found. (Each thread looking for its own, under the lock, made the
@@ -848,16 +908,29 @@ class GroupCommitter:
             self._looking = True
         h = self.handle
         try:
+            noted = self._read_notes() if self._serving is None else {}
             with self._lock:
                 seen = self._round_gen  # (this look sees every round before it)
                 mine: list[Queued] = []
                 try:
-                    if self._serving is None and time.monotonic() - self._synced_at >= self.poll_s:
+                    if (
+                        self._serving is None
+                        and time.monotonic() - self._synced_at >= self.poll_s
+                        and self._log_due(noted)
+                    ):
                         h.cache.sync()
                         self._synced_at = time.monotonic()
+                        logged = True
+                    else:
+                        logged = False
                     with self._pending_lock:  # (after the read: whatever waits now)
                         mine = list(self._in_queue.values())
-                    found = [(q, self._outcome(q)) for q in mine]
+                    found = [(q, noted[q.txn_id] if q.txn_id in noted else self._outcome(q)) for q in mine]
+                    missed = {q.txn_id for q, ts in found if logged and ts is not None and q.txn_id not in noted}
+                    if missed and not missed <= self._read_notes(missed).keys():
+                        # Committed, and still no note (read again: one may have landed since the look
+                        # began, as after a slow round): read the log at every look for a while.
+                        self._note_missing_at = time.monotonic()
                     if self._serving is None:
                         self._unhand([q for q, ts in found if ts is None])
                     # The lease: read afresh every fourth look (a holder that released it is replaced
@@ -883,6 +956,61 @@ class GroupCommitter:
                 self._look_gen += 1
                 self._looked.notify_all()
         return seen
+
+    def _read_notes(self, only: set[str] | None = None) -> dict[str, int]:
+        """The commit times in the notes of this process's waiting transactions not learned yet (``only``: of
+        these ids instead): one GET each, in parallel; a missing or unreadable note is left out. Each note read
+        is deleted soon after, several in one request (:meth:`_delete_spent_notes`)."""
+        with self._pending_lock:
+            ids = sorted(i for i in self._in_queue if i not in self._learned) if only is None else sorted(only)
+        if not ids:
+            return {}
+
+        def get(txn_id: str) -> bytes | None:
+            try:
+                return self.blob.get(self._note_key(txn_id))
+            except ExternalError:
+                return None  # (the log is the fallback)
+
+        found: dict[str, int] = {}
+        for txn_id, data in zip(ids, self._deleter.map(get, ids) if len(ids) > 1 else map(get, ids), strict=True):
+            text = data.decode("ascii", "replace") if data is not None else ""
+            if text.isascii() and text.isdigit():
+                found[txn_id] = int(text)
+        if found:
+            with self._pending_lock:
+                self._upper_seen = max(self._upper_seen, max(found.values()) + 1)
+                self._spent_notes.update(self._note_key(i) for i in found)
+            self._delete_spent_notes()
+        return found
+
+    def _log_due(self, noted: dict[str, int]) -> bool:
+        """Whether a look reads the txns shard: a waiting transaction has no note and waited past its patience
+        (``NOTE_PATIENCE_S`` plus twice ``_found_s``), or the log lately showed a commit whose note was missing."""
+        now = time.monotonic()
+        if now - self._note_missing_at < LOG_AFTER_MISSING_NOTE_S:
+            return True
+        patience = NOTE_PATIENCE_S + 2 * self._found_s
+        with self._pending_lock:
+            return any(
+                now - at > patience for i, at in self._queued_at.items() if i not in noted and i not in self._learned
+            )
+
+    def _delete_spent_notes(self, force: bool = False) -> None:
+        """Delete the notes read so far, in one request, once 32 wait or a second passed (``force``: now)."""
+        with self._pending_lock:
+            now = time.monotonic()
+            if not self._spent_notes or not (force or len(self._spent_notes) >= 32 or now - self._spent_at >= 1.0):
+                return
+            keys, self._spent_notes, self._spent_at = sorted(self._spent_notes), set(), now
+        try:
+            self._deleter.submit(self._quietly_delete_keys, keys)
+        except RuntimeError:  # (closed meanwhile: the sequencer's sweep deletes them)
+            pass
+
+    def _note_key(self, txn_id: str) -> str:
+        """Where the commit note of transaction ``txn_id`` goes (its writer GETs it: a known key, no listing)."""
+        return f"{self.prefix}committed/{txn_id}"
 
     def _outcome(self, q: Queued) -> int | Exception | None:
         """``q``'s commit time (:meth:`_committed`), or the error looking it up raised other than storage's
@@ -1033,20 +1161,24 @@ class GroupCommitter:
         raced the sequencer's rounds: on moto at 2 processes, 0.28 lost
         compare-and-sets per commit and a read of the shard after each.
         """
-        if self._maintain is None or self._closed:
+        if self._closed:
             return
         running = self._maintaining
         now = time.monotonic()
         if (running is not None and not running.done()) or now - self._maintained_at < SEQUENCER_MAINTAIN_EVERY_S:
+            return
+        if self._maintain is None and now - self._swept_at < NOTE_SWEEP_S:
             return
         self._maintained_at = now
         maintain = self._maintain
 
         def run() -> None:
             try:
-                maintain()
+                if maintain is not None:
+                    maintain()
             except Exception as e:  # noqa: BLE001 - maintenance is best effort
                 log.debug("txns shard maintenance after a round deferred: %s", e)
+            self._sweep_notes()
 
         try:
             self._maintaining = self._maintainer.submit(run)
@@ -1133,8 +1265,9 @@ class GroupCommitter:
         upper = h.cache.frontier
         todo: list[tuple[str, Queued]] = []
         for k, q in list(self._bodies.items()):
-            if self._committed(q) is not None:
-                self._delete(k)
+            committed_at = self._committed(q)
+            if committed_at is not None:
+                self._settle_committed(k, q, committed_at)
                 continue
             if q.uncertain or q.seen_upper < upper:
                 # Not committed below `upper` (exact): later checks of it need only the commits since,
@@ -1171,7 +1304,7 @@ class GroupCommitter:
         def none_committed(at: int) -> None:
             # On every try of the write, at the very upper it appends at: no member committed
             # below it (by a lapsed sequencer still running), so none commits twice.
-            done = [k for k, _ in members if self._committed(self._bodies[k]) is not None]
+            done = {k: ts for k, _ in members if (ts := self._committed(self._bodies[k])) is not None}
             if done:
                 raise _MembersCommitted(done)
 
@@ -1181,12 +1314,12 @@ class GroupCommitter:
             picked = time.monotonic()
             ts = self._round_ts()
             try:
-                base.commit_at(h, ts, check=none_committed)
+                committed_ts = base.commit_at(h, ts, check=none_committed).commit_ts
                 self._wrote(picked, lost=False)
                 break
             except _MembersCommitted as e:
-                for k in e.keys:
-                    self._delete(k)
+                for k, at in e.committed.items():
+                    self._settle_committed(k, self._bodies[k], at)
                 members = [(k, t) for k, t in members if k not in e.keys]
             except TimestampUnavailable as e:
                 # Another commit took a time past ours (a direct writer's): write again above it,
@@ -1209,7 +1342,7 @@ class GroupCommitter:
         if any(not k.startswith(LOCAL) and k not in mine for k, _ in members):
             self._foreign_at = self._synced_at
         for k, _ in members:
-            self._delete(k)
+            self._settle_committed(k, self._bodies[k], committed_ts)
         self.grouped += len(members)
         with self._round_done:
             self._round_gen += 1
@@ -1385,6 +1518,14 @@ class GroupCommitter:
         retry_storage(lambda: self.blob.set(f"{self.prefix}failed/{q.txn_id}", message.encode()), self._deadline_s)
         self._delete(key)
 
+    def _settle_committed(self, key: str, q: Queued, ts: int) -> None:
+        """Forget ``key``'s transaction, committed at ``ts``; for another process's, its commit note is written
+        at the end of the round, before its object is deleted. Under the lock."""
+        if not key.startswith(LOCAL) and q.writer and q.writer != self.writer_id:
+            # (this process's own writers learn theirs from the rounds; "": a writer that reads no notes)
+            self._notes.append((q.txn_id, ts))
+        self._delete(key)
+
     def _delete(self, key: str) -> None:
         """Forget ``key``'s transaction (committed or failed); its object goes at the end of the round."""
         self._bodies.pop(key, None)
@@ -1394,12 +1535,53 @@ class GroupCommitter:
                 self._settled[key] = float("inf")
 
     def _delete_doomed(self) -> None:
-        """Delete the objects of the round's committed (or failed) transactions: one request on S3, off the lock."""
+        """Write the round's commit notes, then delete the objects of its committed (or failed) transactions
+        (one request on S3), off the lock.
+
+        The notes go first (each a PUT, in parallel), so that a transaction's
+        object outlives its note's write: a sequencer that dies in between
+        leaves the object, and the next one, finding it committed, writes the
+        note. (The delete waits for the note writes it follows, which the
+        pool took before it: no deadlock.)"""
+        notes, self._notes = self._notes, []
+        written = [self._deleter.submit(self._write_note, txn_id, ts) for txn_id, ts in notes]
         if self._doomed:
             keys, self._doomed = self._doomed, []
-            self._deleter.submit(self._quietly_delete_many, keys)
+            self._deleter.submit(self._quietly_delete_many, keys, written)
 
-    def _quietly_delete_many(self, keys: list[str]) -> None:
+    def _write_note(self, txn_id: str, ts: int) -> None:
+        try:
+            self.blob.set(self._note_key(txn_id), str(ts).encode("ascii"))
+        except ExternalError as e:  # (its writer reads the log after its patience)
+            log.debug("writing the commit note of %s failed: %s", txn_id, e)
+
+    def _sweep_notes(self) -> None:
+        """Delete the commit notes that this sweep and the last one (``NOTE_SWEEP_S`` ago or more) both found:
+        their writers stopped (or gave up) before reading them. A writer reads its note within moments; one
+        that waits longer and finds it gone reads the log."""
+        now = time.monotonic()
+        if now - self._swept_at < NOTE_SWEEP_S:
+            return
+        self._swept_at = now
+        try:
+            notes = frozenset(self.blob.list_keys(f"{self.prefix}committed/"))
+        except ExternalError as e:
+            log.debug("listing commit notes deferred: %s", e)
+            return
+        stale, self._swept = sorted(notes & self._swept), notes
+        if stale:
+            self._quietly_delete_keys(stale)
+
+    def _quietly_delete_keys(self, keys: list[str]) -> None:
+        try:
+            self.blob.delete_many(keys)
+        except ExternalError as e:  # (a later sweep deletes them)
+            log.debug("deleting %d commit notes deferred: %s", len(keys), e)
+
+    def _quietly_delete_many(self, keys: list[str], after: list[Future[None]] | None = None) -> None:
+        for f in after or ():
+            with contextlib.suppress(Exception):  # (_write_note raises no storage error)
+                f.result()  # (the notes of these objects' transactions are written first)
         try:
             self.blob.delete_many(keys)
         except ExternalError as e:  # a later round deletes them (they are known committed then)

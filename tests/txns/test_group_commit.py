@@ -7,6 +7,7 @@ sequencers is in tests/chaos/test_group_commit_chaos.py.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import threading
 import time
@@ -61,7 +62,8 @@ def _as_queued(txn: Txn, seen_upper: int) -> Queued:
 
 
 def _queue_keys(client: PersistClient, txns_id: str) -> list[str]:
-    return list(client.blob.list_keys(queue_prefix(txns_id)))
+    """The queue's objects, not its commit notes (a note whose writer never read it waits for a sweep)."""
+    return [k for k in client.blob.list_keys(queue_prefix(txns_id)) if "/queue/committed/" not in k]
 
 
 def test_threads_with_their_own_handles_commit_each_transaction_once_in_groups(store: Store) -> None:
@@ -509,14 +511,17 @@ def test_a_shard_registered_after_the_sequencers_view_is_not_taken_for_forgotten
     txn.write(fresh, (1,), ("n",), 1)
     gc._enqueue(_as_queued(txn, other.upper))
     assert gc.run_round() == 1
-    assert _queue_keys(client, txns_id) == []  # (no failure published)
+    assert not [k for k in _queue_keys(client, txns_id) if "/queue/failed/" in k]  # (no failure published)
     gc.close()
+    assert _queue_keys(client, txns_id) == []
     assert _contents(store.client(), txns_id, [fresh])[fresh] == {((1,), ("n",)): 1}
 
 
 def test_queued_objects_round_trip_and_refuse_garbage() -> None:
     q = Queued("t1", 7, True, frozenset({"b1", "b2"}), b"\x00txn")
     assert Queued.decode("x", q.encode()) == q
+    named = dataclasses.replace(q, writer="w1")  # (a sequencer writes commit notes for it)
+    assert Queued.decode("x", named.encode()) == named
     from persist import CorruptObject
 
     with pytest.raises(CorruptObject):
@@ -1339,3 +1344,153 @@ def test_an_error_looking_up_one_threads_transaction_goes_to_that_thread_not_the
     assert gc._learned[ok.id] == at
     assert isinstance(gc._learned[bad.id], InvalidUsage)
     gc.close()
+
+
+def _writer_and_sequencer(store: Store, **writer: Any) -> tuple[str, list[str], GroupCommitter, GroupCommitter]:
+    """A sequencer holding the lease (another process) and a writer that only queues and looks."""
+    txns_id, ds = _setup(store.client(), 1)
+    sequencer = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False, lease_ms=60_000)
+    assert sequencer.lease.hold()
+    gc = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False, lease_ms=60_000, **writer)
+    return txns_id, ds, sequencer, gc
+
+
+def _commit_in_thread(gc: GroupCommitter, d: str, n: int, out: list[int]) -> threading.Thread:
+    """Commit a write of ``n`` to ``d`` through ``gc`` in a thread; return once its object is queued."""
+    with gc._lock:
+        txn = gc.handle.begin()
+        txn.write(d, (n,), ("a",), 1)
+    t = threading.Thread(target=lambda: out.append(gc.commit(txn).commit_ts))
+    t.start()
+    key = f"{queue_prefix(gc.handle.txns_id)}pending/{txn.id}"
+    deadline = time.monotonic() + 10
+    while gc.blob.get(key) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return t
+
+
+def test_a_writer_learns_its_commit_from_its_note_without_reading_the_txns_shard(store: Store) -> None:
+    """The sequencer writes a commit note for another process's transaction it committed (its commit time,
+    before the object is deleted); the waiting writer reads it (one GET) and not the txns shard, whose every
+    version each such process read before; then the note is deleted."""
+    client = store.client()
+    txns_id, ds, sequencer, gc = _writer_and_sequencer(store, poll_s=0.0)
+    syncs: list[float] = []
+    real_sync = gc.handle.cache.sync
+    gc.handle.cache.sync = lambda: (syncs.append(1.0), real_sync())[1]  # type: ignore[method-assign]
+    out: list[int] = []
+    for n in range(3):
+        t = _commit_in_thread(gc, ds[0], n, out)
+        # (the first round may take the listing the last one read ahead, from before this object)
+        assert sequencer.run_round() == 1 or sequencer.run_round() == 1
+        t.join(30)
+        assert not t.is_alive()
+    assert syncs == [], f"the writer read the txns shard {len(syncs)} times"
+    assert out == sorted(set(sequencer.handle.cache.seen_batches.values()))  # (the times its rounds committed)
+    gc.close()
+    sequencer.close()
+    assert list(client.blob.list_keys(queue_prefix(txns_id))) == []  # (the notes were deleted once read)
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((n,), ("a",)): 1 for n in range(3)}
+
+
+def test_a_writer_whose_note_is_never_written_learns_its_commit_from_the_log(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sequencer that dies between its write and its notes leaves the writer without a note: after its
+    patience the writer reads the txns log, finds the commit there (exactly once), and reads the log at every
+    look for a while after (a sequencer may write none)."""
+    monkeypatch.setattr(group_commit_module, "NOTE_PATIENCE_S", 0.2)
+    txns_id, ds, sequencer, gc = _writer_and_sequencer(store)
+    sequencer._write_note = lambda key: None  # type: ignore[method-assign]
+    out: list[int] = []
+    started = time.monotonic()
+    t = _commit_in_thread(gc, ds[0], 1, out)
+    assert sequencer.run_round() == 1
+    t.join(30)
+    assert len(out) == 1 and time.monotonic() - started >= 0.2
+    assert time.monotonic() - gc._note_missing_at < 5  # (the log showed a commit with no note)
+    assert gc._log_due({})
+    gc.close()
+    sequencer.close()
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("a",)): 1}
+
+
+def test_the_next_sequencer_writes_the_note_of_a_transaction_a_dead_one_committed(store: Store) -> None:
+    """A sequencer that dies after its write leaves the object; the next round finds it committed, writes its
+    note with the commit time the log has, and only then deletes the object."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    dead = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False, lease_ms=60_000)
+    dead._delete_doomed = lambda: None  # type: ignore[method-assign]  # (no notes, no deletes)
+    assert dead.lease.hold()
+    writer = TxnsHandle.open(store.client(), txns_id)
+    txn = writer.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    GroupCommitter(writer, direct=False)._enqueue(dataclasses.replace(_as_queued(txn, writer.upper), writer="w1"))
+    assert dead.run_round() == 1
+    assert [k for k in _queue_keys(client, txns_id) if "/pending/" in k]  # (committed, still queued)
+    assert list(client.blob.list_keys(f"{queue_prefix(txns_id)}committed/")) == []
+    dead.lease.release()  # (as if it lapsed)
+    nxt = GroupCommitter(TxnsHandle.open(store.client(), txns_id), direct=False)
+    assert nxt.run_round() == 0  # (found committed: not committed again)
+    nxt.close()
+    batch_ids = {b.id for bs in txn.batches().values() for b in bs}
+    at = dead.handle.cache.committed_at(batch_ids, dead.handle.cache.tracked_from)
+    assert list(client.blob.list_keys(f"{queue_prefix(txns_id)}committed/")) == [nxt._note_key(txn.id)]
+    assert client.blob.get(nxt._note_key(txn.id)) == str(at).encode()
+    assert _queue_keys(client, txns_id) == []
+    assert _contents(store.client(), txns_id, ds)[ds[0]] == {((1,), ("a",)): 1}
+
+
+def test_commit_notes_no_writer_read_are_swept_after_two_sweeps(store: Store) -> None:
+    """A note whose writer stopped before reading it is deleted by the sequencer's sweep once the sweep
+    before it (``NOTE_SWEEP_S`` earlier) found it too; a note newer than the last sweep stays."""
+    client = store.client()
+    txns_id, _ = _setup(client, 1)
+    gc = GroupCommitter(TxnsHandle.open(client, txns_id), direct=False)
+    prefix = f"{queue_prefix(txns_id)}committed/"
+    client.blob.set(f"{prefix}old", b"5")
+    gc._swept_at = float("-inf")
+    gc._sweep_notes()  # (first sweep: remembers "old")
+    client.blob.set(f"{prefix}new", b"6")
+    gc._sweep_notes()  # (too soon: nothing)
+    assert sorted(client.blob.list_keys(prefix)) == [f"{prefix}new", f"{prefix}old"]
+    gc._swept_at = float("-inf")
+    gc._sweep_notes()  # (old was in both sweeps; new only in this one)
+    assert list(client.blob.list_keys(prefix)) == [f"{prefix}new"]
+    gc.close()
+
+
+def test_a_note_that_lands_while_the_log_is_read_does_not_send_the_writer_to_the_log(store: Store) -> None:
+    """A writer past its patience reads the log and finds its commit there; its note, written at the end of
+    the same round, may land meanwhile: listed again before the writer concludes that notes go missing (and
+    reads the log at every look for a minute), it is found, and the writer stays with the notes."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    gc = GroupCommitter(h, direct=False, poll_s=0.0)
+    other = TxnsHandle.open(store.client(), txns_id)
+    txn = other.begin()
+    txn.write(ds[0], (1,), ("a",), 1)
+    q = dataclasses.replace(_as_queued(txn, other.upper), writer=gc.writer_id)
+    at = other.commit(txn, at=other.upper).commit_ts  # (committed by "a sequencer")
+    gc._in_queue = {q.txn_id: q}
+    gc._queued_at = {q.txn_id: time.monotonic() - 600}  # (long past its patience: the look reads the log)
+    real_read_notes = gc._read_notes
+    calls: list[set[str] | None] = []
+
+    def note_lands_after_the_first_listing(only: set[str] | None = None) -> dict[str, int]:
+        calls.append(only)
+        if len(calls) == 1:
+            client.blob.set(gc._note_key(q.txn_id), str(at).encode())  # (lands just after)
+            return {}
+        return real_read_notes(only)
+
+    gc._read_notes = note_lands_after_the_first_listing  # type: ignore[method-assign]
+    gc._look()
+    assert gc._learned[q.txn_id] == at  # (from the log)
+    assert calls == [None, {q.txn_id}]  # (read again for the commit the log showed)
+    assert gc._note_missing_at == float("-inf")
+    gc._in_queue = {}
+    gc.close()
+    assert list(client.blob.list_keys(f"{queue_prefix(txns_id)}committed/")) == []  # (the note was deleted)
