@@ -1159,7 +1159,9 @@ class GroupCommitter:
         client's writes to a shard do), so they never lose a race to them.
         Maintained in a process that did not sequence, every compaction there
         raced the sequencer's rounds: on moto at 2 processes, 0.28 lost
-        compare-and-sets per commit and a read of the shard after each.
+        compare-and-sets per commit and a read of the shard after each. The
+        same thread sweeps the commit notes nobody read, every
+        ``NOTE_SWEEP_S`` (:meth:`_sweep_notes`; without ``maintain`` too).
         """
         if self._closed:
             return
