@@ -926,7 +926,8 @@ class GroupCommitter:
                     with self._pending_lock:  # (after the read: whatever waits now)
                         mine = list(self._in_queue.values())
                     found = [(q, noted[q.txn_id] if q.txn_id in noted else self._outcome(q)) for q in mine]
-                    missed = {q.txn_id for q, ts in found if logged and ts is not None and q.txn_id not in noted}
+                    # (a commit time, not an error looking it up: that is its thread's to raise)
+                    missed = {q.txn_id for q, ts in found if logged and isinstance(ts, int) and q.txn_id not in noted}
                     if missed and not missed <= self._read_notes(missed).keys():
                         # Committed, and still no note (read again: one may have landed since the look
                         # began, as after a slow round): read the log at every look for a while.

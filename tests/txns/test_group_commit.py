@@ -1494,3 +1494,27 @@ def test_a_note_that_lands_while_the_log_is_read_does_not_send_the_writer_to_the
     gc._in_queue = {}
     gc.close()
     assert list(client.blob.list_keys(f"{queue_prefix(txns_id)}committed/")) == []  # (the note was deleted)
+
+
+def test_an_error_looking_a_transaction_up_in_the_log_is_not_taken_for_a_missing_note(store: Store) -> None:
+    """A look that reads the log (past a transaction's patience) and gets an error looking it up leaves that
+    error to the transaction's thread; it is not a commit without a note, so the process does not go to
+    the log at every look for a minute."""
+    client = store.client()
+    txns_id, ds = _setup(client, 1)
+    h = TxnsHandle.open(client, txns_id)
+    bad = h.begin()
+    bad.write(ds[0], (1,), ("b",), 1)
+    gc = GroupCommitter(h, direct=False, poll_s=0.0)
+    gc._in_queue = {bad.id: _as_queued(bad, 0)}
+    gc._queued_at = {bad.id: time.monotonic() - 600}  # (past its patience: the look reads the log)
+
+    def committed(q: Queued) -> int | None:
+        raise InvalidUsage("planted: this lookup fails")
+
+    gc._committed = committed  # type: ignore[method-assign]
+    gc._look()
+    assert isinstance(gc._learned[bad.id], InvalidUsage)
+    assert gc._note_missing_at == float("-inf")
+    gc._in_queue = {}
+    gc.close()
