@@ -1005,7 +1005,7 @@ class GroupCommitter:
                 return
             keys, self._spent_notes, self._spent_at = sorted(self._spent_notes), set(), now
         try:
-            self._deleter.submit(self._quietly_delete_keys, keys)
+            self._deleter.submit(self._quietly_delete_many, keys)
         except RuntimeError:  # (closed meanwhile: the sequencer's sweep deletes them)
             pass
 
@@ -1573,22 +1573,18 @@ class GroupCommitter:
             return
         stale, self._swept = sorted(notes & self._swept), notes
         if stale:
-            self._quietly_delete_keys(stale)
-
-    def _quietly_delete_keys(self, keys: list[str]) -> None:
-        try:
-            self.blob.delete_many(keys)
-        except ExternalError as e:  # (a later sweep deletes them)
-            log.debug("deleting %d commit notes deferred: %s", len(keys), e)
+            self._quietly_delete_many(stale)
 
     def _quietly_delete_many(self, keys: list[str], after: list[Future[None]] | None = None) -> None:
+        """Delete ``keys`` (queued objects or commit notes) in one request, after the futures ``after``; a
+        failure is left to a later round or sweep."""
         for f in after or ():
             with contextlib.suppress(Exception):  # (_write_note raises no storage error)
                 f.result()  # (the notes of these objects' transactions are written first)
         try:
             self.blob.delete_many(keys)
-        except ExternalError as e:  # a later round deletes them (they are known committed then)
-            log.debug("deleting %d queued objects deferred: %s", len(keys), e)
+        except ExternalError as e:  # a later round (they are known committed then) or sweep deletes them
+            log.debug("deleting %d queue objects deferred: %s", len(keys), e)
         finally:
             done = time.monotonic()  # (a listing begun after this no longer holds them, unless the delete failed)
             with self._settled_lock:
